@@ -1,0 +1,117 @@
+"""Load models, GPUs and clusters by catalog name or from a YAML file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from scalelab.errors import InputError
+from scalelab.spec.hardware import ClusterParams, ClusterSpec, GPUSpec
+from scalelab.spec.model import ModelSpec
+
+
+@lru_cache(maxsize=None)
+def _catalog(kind: str) -> dict[str, dict[str, Any]]:
+    text = resources.files("scalelab.spec").joinpath(f"catalog/{kind}.yaml").read_text()
+    data: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return data
+
+
+def model_names() -> list[str]:
+    return list(_catalog("models"))
+
+
+def gpu_names() -> list[str]:
+    return list(_catalog("gpus"))
+
+
+def cluster_names() -> list[str]:
+    return list(_catalog("clusters"))
+
+
+def _looks_like_file(name: str) -> bool:
+    return name.endswith((".yaml", ".yml")) or "/" in name or Path(name).is_file()
+
+
+def _read_yaml(field: str, path_text: str) -> dict[str, Any]:
+    path = Path(path_text)
+    if not path.is_file():
+        raise InputError(field, f"no such file: {path_text}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise InputError(field, f"{path_text} is not valid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise InputError(field, f"{path_text} must hold a YAML mapping of fields")
+    return data
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "value"
+    return f"{where}: {err['msg']}"
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, or any decoder described in a YAML file."""
+    if name_or_path in _catalog("models"):
+        data = dict(_catalog("models")[name_or_path])
+        data.setdefault("name", name_or_path)
+    elif _looks_like_file(name_or_path):
+        data = _read_yaml("model", name_or_path)
+        data.setdefault("name", Path(name_or_path).stem)
+    else:
+        raise InputError(
+            "model",
+            f"unknown model '{name_or_path}'; choose one of {', '.join(model_names())} or a YAML file",
+        )
+    try:
+        return ModelSpec(**data)
+    except ValidationError as exc:
+        raise InputError("model", f"{name_or_path}: {_pydantic_message(exc)}") from None
+
+
+def load_gpu(name: str) -> GPUSpec:
+    if name not in _catalog("gpus"):
+        raise InputError("gpu", f"unknown GPU '{name}'; choose one of {', '.join(gpu_names())}")
+    return GPUSpec(name=name, **_catalog("gpus")[name])
+
+
+def cluster_from_dict(data: dict[str, Any], default_name: str) -> ClusterSpec:
+    """Build a cluster from its YAML mapping; `gpu` is a catalog name or an inline GPU mapping."""
+    data = dict(data)
+    data.setdefault("name", default_name)
+    gpu = data.get("gpu")
+    if isinstance(gpu, str):
+        data["gpu"] = load_gpu(gpu)
+    elif isinstance(gpu, dict):
+        try:
+            data["gpu"] = GPUSpec(**{"name": "custom", **gpu})
+        except ValidationError as exc:
+            raise InputError("cluster", f"gpu: {_pydantic_message(exc)}") from None
+    else:
+        raise InputError("cluster", "field 'gpu' must be a GPU name or a mapping of GPU fields")
+    data.setdefault("nvlink_domain", data.get("gpus_per_node", 8))
+    params = data.get("params") or {}
+    try:
+        data["params"] = ClusterParams(**params)
+        return ClusterSpec(**data)
+    except ValidationError as exc:
+        raise InputError("cluster", f"{default_name}: {_pydantic_message(exc)}") from None
+
+
+def load_cluster(name_or_path: str) -> ClusterSpec:
+    """A catalog cluster by name, or a cluster YAML file (such as one `calibrate` wrote)."""
+    if name_or_path in _catalog("clusters"):
+        return cluster_from_dict(_catalog("clusters")[name_or_path], name_or_path)
+    if _looks_like_file(name_or_path):
+        return cluster_from_dict(_read_yaml("cluster", name_or_path), Path(name_or_path).stem)
+    raise InputError(
+        "cluster",
+        f"unknown cluster '{name_or_path}'; choose one of {', '.join(cluster_names())} or a YAML file",
+    )
