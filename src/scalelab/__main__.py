@@ -1,0 +1,5 @@
+"""`python -m scalelab` runs the CLI."""
+
+from scalelab.cli import main
+
+main()
