@@ -6,7 +6,14 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
-from scalelab.spec.catalog import cluster_names, gpu_names, load_cluster, load_gpu, load_model, model_names
+from scalelab.spec.catalog import (
+    cluster_names,
+    gpu_names,
+    load_cluster,
+    load_gpu,
+    load_model,
+    model_names,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -21,12 +28,31 @@ def models(json_out: JsonOpt = False) -> None:
         print_json([{**s.model_dump(), "n_params": s.n_params} for s in specs])
         return
     table = Table(title="models (any other: a YAML file with the same fields)")
-    for col in ("name", "params", "layers", "d_model", "heads", "kv", "d_ff", "vocab", "ffn", "seq"):
+    for col in (
+        "name",
+        "params",
+        "layers",
+        "d_model",
+        "heads",
+        "kv",
+        "d_ff",
+        "vocab",
+        "ffn",
+        "seq",
+    ):
         table.add_column(col, justify="right" if col not in ("name", "ffn") else "left")
     for s in specs:
         table.add_row(
-            s.name, f"{s.n_params:,}", str(s.n_layers), str(s.d_model), str(s.n_heads),
-            str(s.n_kv_heads), str(s.d_ff), str(s.vocab_size), s.ffn, str(s.seq_len),
+            s.name,
+            f"{s.n_params:,}",
+            str(s.n_layers),
+            str(s.d_model),
+            str(s.n_heads),
+            str(s.n_kv_heads),
+            str(s.d_ff),
+            str(s.vocab_size),
+            s.ffn,
+            str(s.seq_len),
         )
     console.print(table)
 
@@ -39,25 +65,48 @@ def hardware(json_out: JsonOpt = False) -> None:
         print_json(
             {
                 "gpus": [g.model_dump() for g in gpus],
-                "clusters": [{**c.model_dump(exclude={"gpu"}), "gpu": c.gpu.name} for c in clusters],
+                "clusters": [
+                    {**c.model_dump(exclude={"gpu"}), "gpu": c.gpu.name} for c in clusters
+                ],
             }
         )
         return
     gt = Table(title="GPUs (dense peaks)")
-    for col in ("name", "bf16 TF/s", "fp8 TF/s", "HBM GiB", "HBM GB/s", "NVLink GB/s/dir", "NVLS", "TDP W", "idle W"):
+    for col in (
+        "name",
+        "bf16 TF/s",
+        "fp8 TF/s",
+        "HBM GiB",
+        "HBM GB/s",
+        "NVLink GB/s/dir",
+        "NVLS",
+        "TDP W",
+        "idle W",
+    ):
         gt.add_column(col, justify="left" if col == "name" else "right")
     for g in gpus:
         gt.add_row(
-            g.name, f"{g.peak_tflops['bf16']:.0f}", f"{g.peak_tflops['fp8']:.0f}", f"{g.hbm_gib:g}",
-            f"{g.hbm_gbs:g}", f"{g.nvlink_gbs:g}", "yes" if g.nvls else "no", f"{g.tdp_w:g}", f"{g.idle_w:g}",
+            g.name,
+            f"{g.peak_tflops['bf16']:.0f}",
+            f"{g.peak_tflops['fp8']:.0f}",
+            f"{g.hbm_gib:g}",
+            f"{g.hbm_gbs:g}",
+            f"{g.nvlink_gbs:g}",
+            "yes" if g.nvls else "no",
+            f"{g.tdp_w:g}",
+            f"{g.idle_w:g}",
         )
     ct = Table(title="clusters (any other: a YAML file, e.g. from `scalelab calibrate`)")
     for col in ("name", "gpu", "GPUs/node", "NVLink domain", "NICs", "network GB/s/GPU"):
         ct.add_column(col, justify="left" if col in ("name", "gpu", "NICs") else "right")
     for c in clusters:
         ct.add_row(
-            c.name, c.gpu.name, str(c.gpus_per_node), str(c.nvlink_domain),
-            f"{c.nics_per_node} x {c.nic_gbps:g} Gb/s", f"{c.nic_bytes_per_s_per_gpu / 1e9:g}",
+            c.name,
+            c.gpu.name,
+            str(c.gpus_per_node),
+            str(c.nvlink_domain),
+            f"{c.nics_per_node} x {c.nic_gbps:g} Gb/s",
+            f"{c.nic_bytes_per_s_per_gpu / 1e9:g}",
         )
     console.print(gt)
     console.print(ct)

@@ -15,12 +15,19 @@ from scalelab.spec.layout import ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
 
-ModelArg = Annotated[str, typer.Argument(help="catalog model name (see `scalelab models`) or a YAML file")]
+ModelArg = Annotated[
+    str, typer.Argument(help="catalog model name (see `scalelab models`) or a YAML file")
+]
 ClusterOpt = Annotated[
-    str, typer.Option("--cluster", "-c", help="catalog cluster (see `scalelab hardware`) or a YAML file")
+    str,
+    typer.Option(
+        "--cluster", "-c", help="catalog cluster (see `scalelab hardware`) or a YAML file"
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document and nothing else")]
-SeqLenOpt = Annotated[int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")]
+SeqLenOpt = Annotated[
+    int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")
+]
 
 # Layout flags: the same names for predict, search (as constraints) and bench.
 ShardingOpt = Annotated[str, typer.Option("--sharding", help="|".join(SHARDINGS))]
@@ -28,7 +35,10 @@ HsdpGroupOpt = Annotated[
     int | None, typer.Option("--hsdp-shard-size", help="HSDP shard group size (default: a node)")
 ]
 ReshardOpt = Annotated[
-    bool, typer.Option("--reshard-after-forward/--no-reshard-after-forward", help="FSDP: free params after forward")
+    bool,
+    typer.Option(
+        "--reshard-after-forward/--no-reshard-after-forward", help="FSDP: free params after forward"
+    ),
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="tensor-parallel degree")]
 SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="sequence parallelism with TP")]
@@ -36,9 +46,15 @@ PpOpt = Annotated[int, typer.Option("--pp", help="pipeline-parallel degree")]
 ScheduleOpt = Annotated[str, typer.Option("--pp-schedule", help="|".join(SCHEDULES))]
 VstagesOpt = Annotated[int, typer.Option("--virtual-stages", help="pipeline stages per rank")]
 CpOpt = Annotated[int, typer.Option("--cp", help="context-parallel degree")]
-MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="sequences per micro-batch per data-parallel rank")]
+MicroBatchOpt = Annotated[
+    int, typer.Option("--micro-batch", help="sequences per micro-batch per data-parallel rank")
+]
 GlobalBatchOpt = Annotated[
-    int | None, typer.Option("--global-batch", help="sequences per step (default: 1 per data-parallel rank x micro-batch)")
+    int | None,
+    typer.Option(
+        "--global-batch",
+        help="sequences per step (default: 1 per data-parallel rank x micro-batch)",
+    ),
 ]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="|".join(RECOMPUTES))]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="|".join(PRECISIONS))]

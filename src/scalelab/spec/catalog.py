@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ from scalelab.spec.hardware import ClusterParams, ClusterSpec, GPUSpec
 from scalelab.spec.model import ModelSpec
 
 
-@lru_cache(maxsize=None)
+@cache
 def _catalog(kind: str) -> dict[str, dict[str, Any]]:
     text = resources.files("scalelab.spec").joinpath(f"catalog/{kind}.yaml").read_text()
     data: dict[str, dict[str, Any]] = yaml.safe_load(text)
@@ -45,7 +45,9 @@ def _read_yaml(field: str, path_text: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise InputError(field, f"{path_text} is not valid YAML ({exc.__class__.__name__})") from None
+        raise InputError(
+            field, f"{path_text} is not valid YAML ({exc.__class__.__name__})"
+        ) from None
     if not isinstance(data, dict):
         raise InputError(field, f"{path_text} must hold a YAML mapping of fields")
     return data

@@ -22,13 +22,13 @@ Sharding = Literal["ddp", "zero1", "zero2", "fsdp", "hsdp"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv"]
 Recompute = Literal["none", "selective", "full"]
 TrainPrecision = Literal["bf16", "fp8"]
-Attention = Literal["flash", "math"]
+Attention = Literal["flash", "math", "flash1", "fused"]
 
 SHARDINGS: tuple[str, ...] = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
-ATTENTIONS: tuple[str, ...] = ("flash", "math")
+ATTENTIONS: tuple[str, ...] = ("flash", "math", "flash1", "fused")
 
 
 class Layout(BaseModel):
@@ -180,26 +180,30 @@ RULES: tuple[Rule, ...] = (
         "degrees do not multiply to the GPU count",
         "gpus",
         lambda t, m, c: t.tp * t.pp * t.cp * t.dp != t.gpus,
-        lambda L, m, c: f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) must divide the GPU count ({L.gpus})",
+        lambda L, m, c: (
+            f"tp ({L.tp}) x pp ({L.pp}) x cp ({L.cp}) must divide the GPU count ({L.gpus})"
+        ),
     ),
     Rule(
         "tp does not divide attention heads",
         "tp",
         lambda t, m, c: (m.n_heads % t.tp != 0) | (m.n_kv_heads % t.tp != 0),
-        lambda L, m, c: f"tp ({L.tp}) must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads})",
+        lambda L, m, c: (
+            f"tp ({L.tp}) must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads})"
+        ),
     ),
     Rule(
         "tp does not divide the FFN or vocabulary",
         "tp",
-        lambda t, m, c: (m.d_ff % t.tp != 0),
+        lambda t, m, c: m.d_ff % t.tp != 0,
         lambda L, m, c: f"tp ({L.tp}) must divide d_ff ({m.d_ff})",
     ),
     Rule(
-        "pp x virtual stages does not divide the layers",
+        "more pipeline stages than layers",
         "pp",
-        lambda t, m, c: (m.n_layers % (t.pp * t.virtual_stages) != 0) | (t.pp > m.n_layers),
+        lambda t, m, c: t.pp * t.virtual_stages > m.n_layers,
         lambda L, m, c: (
-            f"pp ({L.pp}) x virtual_stages ({L.virtual_stages}) must divide n_layers ({m.n_layers})"
+            f"pp ({L.pp}) x virtual_stages ({L.virtual_stages}) must be at most n_layers ({m.n_layers})"
         ),
     ),
     Rule(
@@ -244,7 +248,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "interleaved schedule needs micro-batches divisible by pp",
         "micro_batch",
-        lambda t, m, c: (t.pp > 1) & np.isin(t.pp_schedule, (2, 3)) & (t.n_microbatches % t.pp != 0),
+        lambda t, m, c: (
+            (t.pp > 1) & np.isin(t.pp_schedule, (2, 3)) & (t.n_microbatches % t.pp != 0)
+        ),
         lambda L, m, c: (
             f"pp_schedule {L.pp_schedule} needs the micro-batch count ({L.n_microbatches}) "
             f"divisible by pp ({L.pp})"
@@ -267,7 +273,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sequence longer than the model's context",
         "seq_len",
-        lambda t, m, c: (t.seq_len > 1_048_576),
+        lambda t, m, c: t.seq_len > 1_048_576,
         lambda L, m, c: f"seq_len ({L.seq_len}) must be at most 1048576",
     ),
     Rule(

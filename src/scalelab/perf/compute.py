@@ -1,0 +1,129 @@
+"""Compute time of one transformer layer, the LM head and the optimizer on one GPU.
+
+Vectorised over layouts. GEMMs cost `(flops + half) / (peak * efficiency)`, a size-dependent
+efficiency that reaches `gemm_efficiency` for large GEMMs and halves at `gemm_half_gflop`, or
+their HBM traffic when that is slower. Causal flash attention runs at `attention_efficiency` of
+peak (backward does 2.5x the forward's FLOPs, as FlashAttention-2 recomputes the scores); the
+"math" kernel (unfused PyTorch attention) and the "fused" kernel (Megatron's fused
+scale-mask-softmax) materialise the score matrix and pay its HBM traffic; FlashAttention v1
+("flash1") runs at half FlashAttention-2's rate (Dao 2023, arXiv 2307.08691). Element-wise and norm ops
+are bound by HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalelab.spec.hardware import ClusterSpec
+from scalelab.spec.model import ModelSpec
+
+BF16_BYTES = 2.0
+FP32_BYTES = 4.0
+FLASH_BACKWARD_FLOP_RATIO = 2.5
+FLASH1_RELATIVE_RATE = 0.5
+ADAMW_BYTES_PER_PARAM = 40.0
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Seconds per micro-batch on one GPU for one layer (and the model's ends)."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    attention_forward_s: np.ndarray
+    elementwise_forward_s: np.ndarray
+    gemm_forward_s: np.ndarray
+    head_forward_s: np.ndarray
+    head_backward_s: np.ndarray
+    forward_flops: np.ndarray
+    head_forward_flops: np.ndarray
+
+
+def gemm_time(
+    m: np.ndarray, k: np.ndarray, n: np.ndarray, peak_flops: np.ndarray, cluster: ClusterSpec
+) -> np.ndarray:
+    """Seconds for an (m x k) @ (k x n) GEMM in bf16 at the cluster's efficiency curve."""
+    p = cluster.params
+    flops = 2.0 * m * k * n
+    compute = (flops + p.gemm_half_gflop * 1e9) / (peak_flops * p.gemm_efficiency)
+    traffic = BF16_BYTES * (m * k + k * n + m * n)
+    memory = traffic / (cluster.gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    return np.maximum(compute, memory)
+
+
+def layer_compute(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    cp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    fp8: np.ndarray,
+    attention: np.ndarray,
+) -> LayerCompute:
+    """Forward and backward compute of one layer per micro-batch on one GPU."""
+    p = cluster.params
+    gpu = cluster.gpu
+    d, kv, ff, heads = model.d_model, model.kv_dim, model.d_ff, model.n_heads
+    tokens = micro_batch * seq_len / cp
+    tp_f = tp.astype(float)
+    bf16_peak = gpu.peak_flops("bf16")
+    linear_peak = np.where(fp8, gpu.peak_flops("fp8") * p.fp8_efficiency_ratio, bf16_peak)
+    n_up = 2 if model.ffn == "swiglu" else 1
+
+    gemm_fwd = (
+        gemm_time(tokens, d, (d + 2 * kv) / tp_f, linear_peak, cluster)
+        + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
+        + n_up * gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
+        + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
+    )
+    gemm_flops = 2.0 * tokens * (d * (d + 2 * kv) + d * d + (n_up + 1) * d * ff) / tp_f
+
+    attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
+    flash_rate = np.where(attention == 2, FLASH1_RELATIVE_RATE, 1.0) * p.attention_efficiency
+    flash_fwd = attn_flops_causal / (bf16_peak * flash_rate)
+    score_elems = micro_batch * (heads / tp_f) * (seq_len / cp) * seq_len
+    score_passes = np.where(attention == 3, 3.0, 6.0)
+    materialised_fwd = 2.0 * attn_flops_causal / (bf16_peak * p.gemm_efficiency) + (
+        score_passes * BF16_BYTES * score_elems / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    )
+    materialised = (attention == 1) | (attention == 3)
+    attn_fwd = np.where(materialised, materialised_fwd, flash_fwd)
+    attn_bwd = np.where(materialised, 2.0 * materialised_fwd, FLASH_BACKWARD_FLOP_RATIO * flash_fwd)
+
+    sp_tokens = np.where(sequence_parallel, tokens / tp_f, tokens)
+    elem_bytes = BF16_BYTES * (sp_tokens * 10.0 * d + tokens * (2.0 * (d + kv) + 4.0 * ff) / tp_f)
+    elem_fwd = elem_bytes / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    overhead = p.layer_overhead_us * 1e-6
+
+    forward = gemm_fwd + attn_fwd + elem_fwd + overhead
+    backward = 2.0 * gemm_fwd + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
+
+    vocab = model.vocab_size
+    head_fwd = gemm_time(tokens, d, vocab / tp_f, bf16_peak, cluster) + (
+        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    )
+    head_bwd = 2.0 * gemm_time(tokens, d, vocab / tp_f, bf16_peak, cluster) + (
+        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    )
+    return LayerCompute(
+        forward_s=forward,
+        backward_s=backward,
+        attention_forward_s=attn_fwd,
+        elementwise_forward_s=elem_fwd,
+        gemm_forward_s=gemm_fwd,
+        head_forward_s=head_fwd,
+        head_backward_s=head_bwd,
+        forward_flops=gemm_flops + attn_flops_causal,
+        head_forward_flops=2.0 * tokens * d * vocab / tp_f,
+    )
+
+
+def optimizer_time(local_params: np.ndarray, cluster: ClusterSpec) -> np.ndarray:
+    """AdamW over the parameters this GPU owns: bound by HBM traffic."""
+    bw = cluster.gpu.hbm_bytes_per_s * cluster.params.hbm_efficiency
+    return local_params * ADAMW_BYTES_PER_PARAM / bw

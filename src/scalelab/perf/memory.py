@@ -1,0 +1,132 @@
+"""Memory per GPU by category, and whether a layout fits in HBM.
+
+Mixed-precision AdamW as FSDP2/torchtitan run it: fp32 master parameters, fp32 gradients and two
+fp32 moments, each divided by the ranks that shard it (ZeRO-1 shards the moments, ZeRO-2 also
+the gradients, FSDP/HSDP everything); FSDP keeps two layers' bf16 parameters unsharded (the
+current one and the prefetched one). Activations per layer follow Korthikanti et al. (arXiv
+2205.05198) for a Llama block with flash attention (no score matrix), divided by TP with
+sequence parallelism and by CP; a pipeline's first stage holds up to `pp` micro-batches in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalelab.spec.hardware import ClusterSpec
+from scalelab.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    parameters_bytes: np.ndarray
+    gradients_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    fsdp_buffers_bytes: np.ndarray
+    reserve_bytes: np.ndarray
+
+    @property
+    def total_bytes(self) -> np.ndarray:
+        return (
+            self.parameters_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.fsdp_buffers_bytes
+            + self.reserve_bytes
+        )
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    tokens: np.ndarray,
+    tp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    math_attention: np.ndarray,
+    heads_seq_elems: np.ndarray,
+) -> np.ndarray:
+    """Bytes a layer keeps for backward per micro-batch (bf16), without recompute."""
+    d, kv, ff = model.d_model, model.kv_dim, model.d_ff
+    n_up = 2 if model.ffn == "swiglu" else 1
+    tp_f = tp.astype(float)
+    replicated = 2.0 * tokens * 4.0 * d  # norm inputs and residual-stream tensors
+    sharded = 2.0 * tokens * ((2.0 * d + 2.0 * kv) + (n_up + 1.0) * ff) / tp_f
+    replicated = np.where(sequence_parallel, replicated / tp_f, replicated)
+    scores = np.where(math_attention, 2.0 * 2.5 * heads_seq_elems, 0.0)
+    return replicated + sharded + scores
+
+
+def memory_per_gpu(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    tp: np.ndarray,
+    pp: np.ndarray,
+    cp: np.ndarray,
+    dp: np.ndarray,
+    dp_shard: np.ndarray,
+    sharding: np.ndarray,
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    n_microbatches: np.ndarray,
+    virtual_stages: np.ndarray,
+    schedule: np.ndarray,
+    recompute: np.ndarray,
+    sequence_parallel: np.ndarray,
+    math_attention: np.ndarray,
+) -> MemoryBreakdown:
+    """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first)."""
+    tp_f = tp.astype(float)
+    layers_per_stage = np.ceil(model.n_layers / (pp * virtual_stages)) * virtual_stages
+    stage_params = (
+        layers_per_stage * model.layer_params / tp_f
+        + np.where(
+            pp > 1, model.input_embedding_params, model.input_embedding_params + model.output_params
+        )
+        / tp_f
+    )
+    stage_params = stage_params + model.norm_params
+    is_ddp, is_z1, is_z2 = sharding == 0, sharding == 1, sharding == 2
+    full_shard = sharding >= 3
+    param_div = np.where(full_shard, dp_shard, 1)
+    grad_div = np.where(full_shard | is_z2, np.where(full_shard, dp_shard, dp), 1)
+    opt_div = np.where(is_ddp, 1, np.where(is_z1 | is_z2, dp, dp_shard))
+
+    parameters = 4.0 * stage_params / param_div
+    gradients = 4.0 * stage_params / grad_div
+    optimizer = 8.0 * stage_params / opt_div
+    fsdp_buffers = np.where(full_shard, 2.0 * 2.0 * model.layer_params / tp_f, 0.0)
+    # DDP/ZeRO keep a bf16 copy of the parameters for compute.
+    fsdp_buffers = fsdp_buffers + np.where(full_shard, 0.0, 2.0 * stage_params)
+
+    tokens = micro_batch * seq_len / cp
+    score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len
+    per_layer = activation_bytes_per_layer(
+        model, tokens, tp, sequence_parallel, math_attention, score_elems
+    )
+    layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
+    selective = per_layer * 0.55
+    kept = np.where(recompute == 2, layer_input, np.where(recompute == 1, selective, per_layer))
+    stage_layers_kept = kept * layers_per_stage + np.where(recompute == 2, per_layer, 0.0)
+    in_flight = np.where(
+        pp > 1,
+        np.where(
+            schedule == 0,
+            n_microbatches,
+            np.minimum(n_microbatches, pp) * (1.0 + (pp - 1.0) / (pp * virtual_stages)),
+        ),
+        1.0,
+    )
+    logits = np.where(pp > 1, 0.0, 2.0 * 4.0 * tokens * model.vocab_size / tp_f)
+    activations = stage_layers_kept * in_flight + logits
+    reserve = np.full(tp.shape, cluster.params.memory_reserve_gib * 2**30)
+    return MemoryBreakdown(
+        parameters_bytes=parameters,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        fsdp_buffers_bytes=fsdp_buffers,
+        reserve_bytes=reserve,
+    )
