@@ -59,6 +59,7 @@ class ValidationReport:
     rows_used: int
     rows_skipped: int
     skipped_by_reason: dict[str, int]
+    rows_predicted_not_to_fit: int
     mape_tokens_per_gpu: float
     within_20_pct: float
     median_spearman: float | None
@@ -70,6 +71,7 @@ class ValidationReport:
             "rows_used": self.rows_used,
             "rows_skipped": self.rows_skipped,
             "skipped_by_reason": self.skipped_by_reason,
+            "rows_predicted_not_to_fit": self.rows_predicted_not_to_fit,
             "mape_tokens_per_gpu": self.mape_tokens_per_gpu,
             "within_20_pct": self.within_20_pct,
             "median_spearman_within_sweeps": self.median_spearman,
@@ -80,7 +82,7 @@ class ValidationReport:
         return out
 
 
-class Skip(Exception):
+class SkipRowError(Exception):
     """A row the predictor cannot express; the message is the reason counted."""
 
 
@@ -88,7 +90,7 @@ def short_source(source: str) -> str:
     s = source.lower()
     for key, name in (
         ("johannesha", "Hagemann et al. 2023 (A100)"),
-        ("mosaicml", "MosaicML llm-foundry (A100/H100)"),
+        ("mosaicml", "MosaicML llm-foundry (A100)"),
         ("torchtitan", "torchtitan (H100/H200)"),
         ("nemo", "NeMo 24.07 (H100 FP8)"),
         ("dlperf", "OneFlow DLPerf (V100)"),
@@ -103,12 +105,12 @@ def _int(row: dict[str, str], key: str, default: int | None = None) -> int:
     text = (row.get(key) or "").strip()
     if not text:
         if default is None:
-            raise Skip(f"missing {key}")
+            raise SkipRowError(f"missing {key}")
         return default
     try:
         return int(float(text))
     except ValueError:
-        raise Skip(f"unreadable {key}") from None
+        raise SkipRowError(f"unreadable {key}") from None
 
 
 def _float(row: dict[str, str], key: str) -> float | None:
@@ -138,7 +140,7 @@ def map_cluster(gpu_type: str, gpus_per_node: int) -> ClusterSpec:
             gpu = gpu.model_copy(update={"hbm_gib": 16})
         base = load_cluster("v100-ib").model_copy(update={"gpu": gpu})
     else:
-        raise Skip("GPU type not in the catalog")
+        raise SkipRowError("GPU type not in the catalog")
     nic = re.search(r"(?:(\d+)\s*x\s*)?(\d+)\s*gb/s", g)
     if nic and "v100" in g:
         # "100Gb/s EDR IB" without a count: one NIC per node, as on DLPerf's cluster.
@@ -184,7 +186,7 @@ def map_model(row: dict[str, str]) -> ModelSpec:
             position="rope" if llama else "learned",
         )
     except ValidationError:
-        raise Skip("model shape not divisible (heads/kv heads)") from None
+        raise SkipRowError("model shape not divisible (heads/kv heads)") from None
 
 
 def _attention(row: dict[str, str]) -> str:
@@ -204,6 +206,14 @@ def _attention(row: dict[str, str]) -> str:
     return "math"
 
 
+def _sequence_parallel(row: dict[str, str], notes: str, tp: int) -> bool:
+    """torchtitan and NeMo always pair TP with sequence parallelism; Hagemann et al. say per sheet."""
+    source = row["source"].lower()
+    if tp > 1 and ("torchtitan" in source or "nemo" in source):
+        return True
+    return "seqpara" in notes or "sequence parallel" in notes
+
+
 def _recompute(text: str) -> str:
     t = text.lower()
     if t.startswith("full"):
@@ -213,8 +223,13 @@ def _recompute(text: str) -> str:
     return "none"
 
 
-def _sharding(text: str) -> str:
+def _sharding(text: str, source: str) -> str:
     t = text.lower()
+    src = source.lower()
+    if not t and ("johannesha" in src or "nemo" in src):
+        # Megatron-based stacks: the distributed optimizer (ZeRO-1). Hagemann et al. do not state
+        # it, but a 13B model at TP=PP=1 cannot fit on their 80 GB A100s without it; NeMo enables it.
+        return "zero1"
     if "fsdp" in t or "full_shard" in t or "zero-3" in t or "zero3" in t:
         return "fsdp"
     if "hybrid" in t or "hsdp" in t:
@@ -240,7 +255,7 @@ def measured_tokens_per_gpu(row: dict[str, str], model: ModelSpec, gpus: int) ->
         h, l_, v = model.d_model, model.n_layers, model.vocab_size
         per_token = 96.0 * l_ * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l_ * h))
         return tflops * 1e12 / per_token
-    raise Skip("no throughput to compare (no tokens/s, MFU or TFLOP/s usable)")
+    raise SkipRowError("no throughput to compare (no tokens/s, MFU or TFLOP/s usable)")
 
 
 def row_to_case(index: int, row: dict[str, str]) -> RunCase:
@@ -270,7 +285,7 @@ def row_to_case(index: int, row: dict[str, str]) -> RunCase:
             gpus=gpus,
             global_batch=global_batch,
             seq_len=seq,
-            sharding=_sharding(row.get("sharding", "")),  # type: ignore[arg-type]
+            sharding=_sharding(row.get("sharding", ""), row["source"]),  # type: ignore[arg-type]
             tp=tp,
             sequence_parallel=(
                 "seqpara" in notes or "sequence parallel" in notes or "sp" in notes.split()
@@ -285,11 +300,11 @@ def row_to_case(index: int, row: dict[str, str]) -> RunCase:
             attention=_attention(row),  # type: ignore[arg-type]
         )
     except ValidationError:
-        raise Skip("layout fields out of range") from None
+        raise SkipRowError("layout fields out of range") from None
     errors = validate(layout, model, cluster)
     errors = [e for e in errors if e.field not in ("micro_batch",)]
     if errors:
-        raise Skip(f"layout not expressible ({errors[0].field})")
+        raise SkipRowError(f"layout not expressible ({errors[0].field})")
     measured = measured_tokens_per_gpu(row, model, gpus)
     sweep = f"{short_source(row['source'])}|{row['model']}|{gpus}|{seq}"
     return RunCase(index, short_source(row["source"]), sweep, model, cluster, layout, measured)
@@ -321,16 +336,23 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def predict_cases(cases: list[RunCase]) -> np.ndarray:
     """Predicted tokens/s per GPU for each case (grouped by model and cluster for speed)."""
+    return predict_cases_with_fit(cases)[0]
+
+
+def predict_cases_with_fit(cases: list[RunCase]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted tokens/s per GPU and the memory verdict (fits in HBM) for each case."""
     out = np.zeros(len(cases))
+    fits = np.zeros(len(cases), dtype=bool)
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, case in enumerate(cases):
         groups[(case.model.model_dump_json(), case.cluster.model_dump_json())].append(i)
     for idx in groups.values():
         first = cases[idx[0]]
         table = LayoutTable.from_layouts([cases[i].layout for i in idx])
-        pred = predict(first.model, first.cluster, table)["tokens_per_s_per_gpu"]
-        out[idx] = pred
-    return out
+        prediction = predict(first.model, first.cluster, table)
+        out[idx] = prediction["tokens_per_s_per_gpu"]
+        fits[idx] = prediction["fits"]
+    return out, fits
 
 
 def run_validation(data: Path | None = None) -> ValidationReport:
@@ -340,11 +362,11 @@ def run_validation(data: Path | None = None) -> ValidationReport:
     for i, row in enumerate(rows):
         try:
             cases.append(row_to_case(i, row))
-        except Skip as exc:
+        except SkipRowError as exc:
             skipped[str(exc)] += 1
     if not cases:
         raise InputError("data", "no row could be interpreted (see skipped reasons with --json)")
-    predicted = predict_cases(cases)
+    predicted, fits = predict_cases_with_fit(cases)
     measured = np.array([c.measured_tokens_per_s_per_gpu for c in cases])
     ape = np.abs(predicted - measured) / measured
     by_source: dict[str, dict[str, Any]] = {}
@@ -370,6 +392,7 @@ def run_validation(data: Path | None = None) -> ValidationReport:
             "measured_tokens_per_s_per_gpu": float(measured[i]),
             "predicted_tokens_per_s_per_gpu": float(predicted[i]),
             "error": float(predicted[i] / measured[i] - 1.0),
+            "predicted_fits": bool(fits[i]),
         }
         for i, c in enumerate(cases)
     ]
@@ -377,6 +400,7 @@ def run_validation(data: Path | None = None) -> ValidationReport:
         rows_used=len(cases),
         rows_skipped=int(sum(skipped.values())),
         skipped_by_reason=dict(skipped),
+        rows_predicted_not_to_fit=int((~fits).sum()),
         mape_tokens_per_gpu=float(ape.mean()),
         within_20_pct=float((ape <= 0.2).mean()),
         median_spearman=float(np.median(rhos)) if rhos else None,

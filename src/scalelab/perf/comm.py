@@ -128,10 +128,14 @@ def collective_time(
         base_us = _BASE_LAT_US[proto] * p.base_latency_us / 8.4 + np.where(
             multi, p.net_base_latency_us, 0.0
         )
-        latency_us = (
-            base_us
-            + (steps - inter_steps) * nvl_lat * _RING_NVLINK_LAT_FACTOR[proto]
-            + inter_steps * net_lat * _RING_NET_LAT_FACTOR[proto]
+        # A ring is a pipeline: once it spans nodes, every step waits on the slowest hop.
+        latency_us = base_us + np.where(
+            multi,
+            steps
+            * np.maximum(
+                nvl_lat * _RING_NVLINK_LAT_FACTOR[proto], net_lat * _RING_NET_LAT_FACTOR[proto]
+            ),
+            steps * nvl_lat * _RING_NVLINK_LAT_FACTOR[proto],
         )
         ring = latency_us * 1e-6 + nbytes * factor / ring_bw
         best = np.minimum(best, ring)

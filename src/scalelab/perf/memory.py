@@ -1,9 +1,12 @@
 """Memory per GPU by category, and whether a layout fits in HBM.
 
-Mixed-precision AdamW as FSDP2/torchtitan run it: fp32 master parameters, fp32 gradients and two
-fp32 moments, each divided by the ranks that shard it (ZeRO-1 shards the moments, ZeRO-2 also
-the gradients, FSDP/HSDP everything); FSDP keeps two layers' bf16 parameters unsharded (the
-current one and the prefetched one). Activations per layer follow Korthikanti et al. (arXiv
+Mixed-precision AdamW, bytes per parameter as each framework keeps them:
+- DDP (PyTorch AMP): fp32 parameters 4 + fp32 gradients 4 + two fp32 moments 8 = 16;
+- ZeRO-1 (Megatron's distributed optimizer, DeepSpeed stage 1): bf16 parameters 2 + bf16
+  gradients 2 + (fp32 master 4 + moments 8) / dp; ZeRO-2 also shards the gradients;
+- FSDP/HSDP (FSDP2 with MixedPrecisionPolicy): fp32 parameters, gradients and moments, all
+  divided by the shard group, plus two layers' bf16 parameters unsharded (the current one and
+  the prefetched one). Activations per layer follow Korthikanti et al. (arXiv
 2205.05198) for a Llama block with flash attention (no score matrix), divided by TP with
 sequence parallelism and by CP; a pipeline's first stage holds up to `pp` micro-batches in flight.
 """
@@ -88,18 +91,16 @@ def memory_per_gpu(
         / tp_f
     )
     stage_params = stage_params + model.norm_params
-    is_ddp, is_z1, is_z2 = sharding == 0, sharding == 1, sharding == 2
+    is_z1, is_z2 = sharding == 1, sharding == 2
     full_shard = sharding >= 3
-    param_div = np.where(full_shard, dp_shard, 1)
-    grad_div = np.where(full_shard | is_z2, np.where(full_shard, dp_shard, dp), 1)
-    opt_div = np.where(is_ddp, 1, np.where(is_z1 | is_z2, dp, dp_shard))
-
-    parameters = 4.0 * stage_params / param_div
-    gradients = 4.0 * stage_params / grad_div
-    optimizer = 8.0 * stage_params / opt_div
+    zero = is_z1 | is_z2
+    parameters = np.where(full_shard, 4.0 / dp_shard, np.where(zero, 2.0, 4.0)) * stage_params
+    gradients = (
+        np.where(full_shard, 4.0 / dp_shard, np.where(is_z2, 2.0 / dp, np.where(zero, 2.0, 4.0)))
+        * stage_params
+    )
+    optimizer = np.where(full_shard, 8.0 / dp_shard, np.where(zero, 12.0 / dp, 8.0)) * stage_params
     fsdp_buffers = np.where(full_shard, 2.0 * 2.0 * model.layer_params / tp_f, 0.0)
-    # DDP/ZeRO keep a bf16 copy of the parameters for compute.
-    fsdp_buffers = fsdp_buffers + np.where(full_shard, 0.0, 2.0 * stage_params)
 
     tokens = micro_batch * seq_len / cp
     score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len

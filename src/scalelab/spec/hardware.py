@@ -71,7 +71,7 @@ class ClusterParams(BaseModel):
     layer_overhead_us: float = Field(150.0, ge=0)
     step_overhead_ms: float = Field(20.0, ge=0)
     compute_power_fraction: float = Field(0.85, ge=0, le=1)
-    comm_power_fraction: float = Field(0.35, ge=0, le=1)
+    comm_power_fraction: float = Field(0.72, ge=0, le=1)
     memory_reserve_gib: float = Field(4.0, ge=0)
     source: str = ""
 

@@ -1,0 +1,181 @@
+"""`scalelab predict`: one layout's step time, throughput, MFU, breakdown, memory and power."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from scalelab.cli.common import (
+    AttentionOpt,
+    ClusterOpt,
+    CpOpt,
+    GlobalBatchOpt,
+    HsdpGroupOpt,
+    JsonOpt,
+    MicroBatchOpt,
+    ModelArg,
+    PpOpt,
+    PrecisionOpt,
+    RecomputeOpt,
+    ReshardOpt,
+    ScheduleOpt,
+    SeqLenOpt,
+    ShardingOpt,
+    SpOpt,
+    TpOpt,
+    VstagesOpt,
+    build_layout,
+    console,
+    print_json,
+)
+from scalelab.perf.predict import predict_layout
+from scalelab.spec.catalog import load_cluster, load_model
+
+GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict)
+
+
+def predict(
+    model: ModelArg,
+    cluster: ClusterOpt = "h100-ib",
+    gpus: GpusOpt = 8,
+    seq_len: SeqLenOpt = None,
+    global_batch: GlobalBatchOpt = None,
+    sharding: ShardingOpt = "fsdp",
+    hsdp_shard_size: HsdpGroupOpt = None,
+    reshard_after_forward: ReshardOpt = True,
+    tp: TpOpt = 1,
+    sp: SpOpt = True,
+    pp: PpOpt = 1,
+    pp_schedule: ScheduleOpt = "1f1b",
+    virtual_stages: VstagesOpt = 1,
+    cp: CpOpt = 1,
+    micro_batch: MicroBatchOpt = 1,
+    recompute: RecomputeOpt = "none",
+    precision: PrecisionOpt = "bf16",
+    attention: AttentionOpt = "flash",
+    json_out: JsonOpt = False,
+) -> None:
+    """Predict one training step of MODEL on GPUS GPUs of CLUSTER with the given layout."""
+    spec = load_model(model)
+    cluster_spec = load_cluster(cluster)
+    layout = build_layout(
+        gpus=gpus,
+        seq_len=seq_len or spec.seq_len,
+        global_batch=global_batch,
+        sharding=sharding,
+        hsdp_shard_size=hsdp_shard_size,
+        reshard_after_forward=reshard_after_forward,
+        tp=tp,
+        sp=sp,
+        pp=pp,
+        pp_schedule=pp_schedule,
+        virtual_stages=virtual_stages,
+        cp=cp,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        precision=precision,
+        attention=attention,
+    )
+    result = predict_layout(spec, cluster_spec, layout)
+    if json_out:
+        print_json(result)
+        return
+    render_prediction(result)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
+
+def render_prediction(r: dict[str, Any]) -> None:
+    """Rich tables for one prediction."""
+    lay = r["layout"]
+    console.print(
+        f"[bold]{r['model']}[/] on {lay['gpus']} x {r['gpu']} ({r['cluster']}): "
+        f"sharding {lay['sharding']}, tp {lay['tp']}, pp {lay['pp']} ({lay['pp_schedule']}), cp {lay['cp']}, "
+        f"dp {int(r['data_parallel'])}, micro-batch {lay['micro_batch']} x {int(r['n_microbatches'])}, "
+        f"global batch {lay['global_batch']} x {lay['seq_len']} tokens, recompute {lay['recompute']}, {lay['precision']}"
+    )
+    head = Table(title="throughput")
+    for col in (
+        "step time",
+        "tokens/s",
+        "tokens/s/GPU",
+        "MFU",
+        "HFU",
+        "exposed comm",
+        "power/GPU",
+        "tokens/J",
+    ):
+        head.add_column(col, justify="right")
+    head.add_row(
+        _ms(r["step_time_s"]),
+        f"{r['tokens_per_s']:,.0f}",
+        f"{r['tokens_per_s_per_gpu']:,.0f}",
+        f"{r['mfu'] * 100:.1f} %",
+        f"{r['hfu'] * 100:.1f} %",
+        f"{r['exposed_comm_s'] * 1e3:,.1f} ms ({r['exposed_comm_fraction'] * 100:.0f} %)",
+        f"{r['power_w_per_gpu']:.0f} W",
+        f"{r['tokens_per_joule']:.2f}",
+    )
+    console.print(head)
+    bd = Table(title="where the step goes (per GPU)")
+    bd.add_column("part")
+    bd.add_column("total", justify="right")
+    bd.add_column("exposed (on the critical path)", justify="right")
+    rows = [
+        ("compute (incl. recompute)", r["compute_s"], r["compute_s"]),
+        ("  of which recompute", r["recompute_s"], r["recompute_s"]),
+        ("FSDP/ZeRO AllGather", r["dp_all_gather_s"], r["dp_all_gather_exposed_s"]),
+        ("gradient ReduceScatter/AllReduce", r["dp_grad_reduce_s"], r["dp_grad_reduce_exposed_s"]),
+        ("ZeRO parameter AllGather", r["zero_param_all_gather_s"], r["zero_param_all_gather_s"]),
+        ("tensor-parallel collectives", r["tp_comm_s"], r["tp_comm_s"]),
+        (
+            "context-parallel K/V ring (exposed part)",
+            r["cp_comm_exposed_s"],
+            r["cp_comm_exposed_s"],
+        ),
+        ("pipeline send/recv", r["pp_p2p_s"], r["pp_p2p_s"]),
+        ("pipeline bubble", r["pp_bubble_s"], r["pp_bubble_s"]),
+        ("optimizer step", r["optimizer_s"], r["optimizer_s"]),
+        ("fixed per-step overhead", r["overhead_s"], r["overhead_s"]),
+    ]
+    for name, total, exposed in rows:
+        bd.add_row(name, _ms(total), _ms(exposed))
+    console.print(bd)
+    mem = Table(title="memory per GPU")
+    for col in (
+        "parameters",
+        "gradients",
+        "optimizer",
+        "activations",
+        "FSDP/bf16 buffers",
+        "reserve",
+        "total",
+        "HBM",
+        "fits",
+    ):
+        mem.add_column(col, justify="right")
+    mem.add_row(
+        _gib(r["memory_parameters_bytes"]),
+        _gib(r["memory_gradients_bytes"]),
+        _gib(r["memory_optimizer_bytes"]),
+        _gib(r["memory_activations_bytes"]),
+        _gib(r["memory_fsdp_buffers_bytes"]),
+        _gib(r["memory_reserve_bytes"]),
+        _gib(r["memory_total_bytes"]),
+        _gib(r["memory_capacity_bytes"]),
+        "[green]yes[/]" if r["fits"] else "[red]NO[/]",
+    )
+    console.print(mem)
+    console.print("[dim]assumptions: " + "; ".join(r["assumptions"]) + "[/]")
