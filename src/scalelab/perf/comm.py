@@ -115,11 +115,11 @@ def collective_time(
     net_lat = p.net_step_latency_us
     nvl_lat = p.nvlink_step_latency_us
     if collective == ALL_REDUCE:
-        steps, inter_steps = 2.0 * (n - 1.0), 2.0 * (domains - 1.0)
+        steps = 2.0 * (n - 1.0)
     elif collective == SEND_RECV:
-        steps, inter_steps = np.ones_like(n), np.where(multi, 1.0, 0.0)
+        steps = np.ones_like(n)
     else:
-        steps, inter_steps = n - 1.0, domains - 1.0
+        steps = n - 1.0
 
     best = np.full(nbytes.shape, np.inf)
     for proto in _PROTOCOLS:
