@@ -1,0 +1,174 @@
+"""`scalelab search`: every layout of a job ranked, the plain-FSDP baseline, and the Pareto front."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from scalelab.cli.common import (
+    ClusterOpt,
+    JsonOpt,
+    ModelArg,
+    SeqLenOpt,
+    console,
+    err_console,
+    print_json,
+)
+from scalelab.errors import InputError
+from scalelab.search import OBJECTIVES, Constraints, describe, search
+from scalelab.spec.catalog import load_cluster, load_model
+from scalelab.spec.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search_command)
+
+
+def _ints(field: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(field, f"'{text}' is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(field, f"'{text}' must list positive integers")
+    return values
+
+
+def _words(field: str, text: str | None, allowed: tuple[str, ...]) -> list[str] | None:
+    if text is None:
+        return None
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise InputError(field, f"'{text}' must list values from {', '.join(allowed)}")
+    return values
+
+
+ListOpt = Annotated[str | None, typer.Option(help="comma-separated allowed values")]
+
+
+def search_command(
+    model: ModelArg,
+    cluster: ClusterOpt = "h100-ib",
+    gpus: Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")] = 8,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="sequences per step (default: 1 per GPU)")
+    ] = None,
+    seq_len: SeqLenOpt = None,
+    objective: Annotated[str, typer.Option(help="|".join(OBJECTIVES))] = "throughput",
+    tp: ListOpt = None,
+    pp: ListOpt = None,
+    cp: ListOpt = None,
+    sharding: ListOpt = None,
+    hsdp_shard_size: Annotated[
+        str | None, typer.Option("--hsdp-shard-size", help="comma-separated allowed values")
+    ] = None,
+    pp_schedule: Annotated[
+        str | None, typer.Option("--pp-schedule", help="comma-separated allowed values")
+    ] = None,
+    micro_batch: Annotated[
+        str | None, typer.Option("--micro-batch", help="comma-separated allowed values")
+    ] = None,
+    recompute: ListOpt = None,
+    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "bf16",
+    top: Annotated[int, typer.Option(help="how many layouts to show")] = 5,
+    json_out: JsonOpt = False,
+) -> None:
+    """Search every valid layout of MODEL on GPUS GPUs and rank those that fit by OBJECTIVE."""
+    spec = load_model(model)
+    cluster_spec = load_cluster(cluster)
+    constraints = Constraints(
+        tp=_ints("tp", tp),
+        pp=_ints("pp", pp),
+        cp=_ints("cp", cp),
+        sharding=_words("sharding", sharding, SHARDINGS),
+        hsdp_shard_size=_ints("hsdp-shard-size", hsdp_shard_size),
+        pp_schedule=_words("pp-schedule", pp_schedule, SCHEDULES),
+        micro_batch=_ints("micro-batch", micro_batch),
+        recompute=_words("recompute", recompute, RECOMPUTES),
+        precision=precision,
+    )
+    if json_out:
+        result = search(
+            spec,
+            cluster_spec,
+            gpus=gpus,
+            global_batch=global_batch or gpus,
+            seq_len=seq_len or spec.seq_len,
+            objective=objective,
+            constraints=constraints,
+            top_k=top,
+        )
+        print_json(result.to_dict())
+        return
+    with err_console.status(f"searching every layout of {spec.name} on {gpus} GPUs"):
+        result = search(
+            spec,
+            cluster_spec,
+            gpus=gpus,
+            global_batch=global_batch or gpus,
+            seq_len=seq_len or spec.seq_len,
+            objective=objective,
+            constraints=constraints,
+            top_k=top,
+        )
+    render(result.to_dict())
+
+
+def _row(table: Table, rank: str, r: dict[str, Any]) -> None:
+    table.add_row(
+        rank,
+        describe(r["layout"]),
+        f"{r['tokens_per_s']:,.0f}",
+        f"{r['tokens_per_s_per_gpu']:,.0f}",
+        f"{r['mfu'] * 100:.1f} %",
+        f"{r['exposed_comm_fraction'] * 100:.0f} %",
+        f"{r['memory_total_bytes'] / 2**30:.1f}",
+        f"{r['power_w_per_gpu']:.0f}",
+        f"{r['tokens_per_joule']:.2f}",
+    )
+
+
+def _table(title: str) -> Table:
+    t = Table(title=title)
+    for col in (
+        "#",
+        "layout",
+        "tokens/s",
+        "tokens/s/GPU",
+        "MFU",
+        "exposed comm",
+        "GiB/GPU",
+        "W/GPU",
+        "tokens/J",
+    ):
+        t.add_column(col, justify="left" if col in ("#", "layout") else "right")
+    return t
+
+
+def render(r: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{r['model']}[/] on {r['gpus']} GPUs ({r['cluster']}), global batch {r['global_batch']} x "
+        f"{r['seq_len']} tokens, objective {r['objective']}"
+    )
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in r["invalid_by_reason"].items()) or "none"
+    console.print(
+        f"considered {r['considered']:,} layouts in {r['seconds']:.2f} s: {r['invalid']:,} invalid ({reasons}); "
+        f"{r['not_fitting']:,} do not fit in memory; {r['ranked']:,} ranked"
+    )
+    table = _table("best layouts")
+    for i, row in enumerate(r["top"], 1):
+        _row(table, str(i), row)
+    if r["baseline"] is not None:
+        _row(table, "FSDP", r["baseline"])
+    console.print(table)
+    for line in r["explanation"]:
+        console.print(f"  - {line}")
+    front = _table("Pareto front: throughput against energy per token")
+    for row in r["pareto"]:
+        _row(front, "", row)
+    console.print(front)

@@ -1,0 +1,56 @@
+"""`scalelab study NAME`: run one of the study's experiments (or all: `paper`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from scalelab.cli.common import JsonOpt, console, err_console, print_json
+from scalelab.studies import NAMES, run_study
+
+
+def register(app: typer.Typer) -> None:
+    app.command("study")(study)
+
+
+def study(
+    name: Annotated[str, typer.Argument(help="|".join(NAMES))],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="output folder (default: scalelab-out/NAME)")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a preset experiment: figures (PNG), CSVs and report.md in the output folder."""
+    folder = out or Path("scalelab-out") / name
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=json_out,
+    ) as progress:
+        task = progress.add_task(f"study {name}", total=None)
+        result = run_study(name, folder, lambda text: progress.update(task, description=text))
+    if json_out:
+        print_json(
+            {
+                k: v
+                for k, v in result.items()
+                if k in ("findings", "figures", "report", "tables", "study", "within")
+            }
+        )
+        return
+    if "findings" in result:
+        for f in result["findings"]:
+            mark = "[green]within[/]" if f["within"] else "[red]outside[/]"
+            console.print(
+                f"  {f['id']}: paper {f['paper']:g} {f['unit']}, scalelab {f['predicted']:.2f} ({f['tolerance']}): {mark}"
+            )
+        console.print(f"{result['within']} of {len(result['findings'])} findings within tolerance")
+    console.print(
+        f"wrote {len(result['figures'])} figures and {len(result['tables'])} tables; report: [bold]{result['report']}[/]"
+    )

@@ -1,0 +1,171 @@
+"""What every study shares: the one set of assumptions, evaluation helpers, plots and output."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalelab.io import atomic_write, atomic_write_text
+from scalelab.perf.predict import predict_layout
+from scalelab.search import Constraints, describe, search
+from scalelab.spec.catalog import load_cluster, load_model
+from scalelab.spec.hardware import ClusterSpec
+from scalelab.spec.layout import Layout
+from scalelab.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the study does not state, chosen once for every experiment and finding."""
+
+    model: str = "llama2-7b"
+    cluster: str = "h100-ib"
+    seq_len: int = 4096
+    sequences_per_gpu: int = 1
+    precision: str = "bf16"
+    hardware_scale_gpus: int = 64
+    strong_scaling_global_batch: int = 32
+    mp_grid_gpus: int = 256
+    mp_grid_global_batch: int = 512
+
+    def lines(self) -> list[str]:
+        return [
+            f"model {self.model}, sequence length {self.seq_len} (Llama-2's context), "
+            f"{self.sequences_per_gpu} sequence per GPU per step in weak scaling (global batch = GPUs x "
+            f"{self.sequences_per_gpu}), {self.precision}, causal flash attention",
+            f"cluster {self.cluster} (DGX H100-like: 8 GPUs per node on NVSwitch, 8 x 400 Gb/s NICs); "
+            "its parameters are the catalog's, the same `predict` and `validate` use",
+            "pure FSDP = FSDP2 full sharding over every GPU, reshard after forward, no model parallelism, "
+            "no activation recomputation unless the layout would not fit",
+            f"hardware comparison at {self.hardware_scale_gpus} GPUs; strong scaling at global batch "
+            f"{self.strong_scaling_global_batch}; TP x PP grid at {self.mp_grid_gpus} GPUs, global batch "
+            f"{self.mp_grid_global_batch}",
+            "power is GPU board power (as NVML reports it), not CPU, memory or network",
+        ]
+
+
+DEFAULT = Assumptions()
+WEAK_SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass
+class StudyOutput:
+    """What a study wrote: figures, tables, and its section of the report."""
+
+    name: str
+    title: str
+    figures: list[Path] = field(default_factory=list)
+    tables: list[Path] = field(default_factory=list)
+    markdown: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def pure_fsdp(gpus: int, a: Assumptions = DEFAULT, recompute: str = "none", **kw: Any) -> Layout:
+    per_gpu = kw.pop("sequences_per_gpu", a.sequences_per_gpu)
+    return Layout(
+        gpus=gpus,
+        global_batch=kw.pop("global_batch", per_gpu * gpus),
+        seq_len=kw.pop("seq_len", a.seq_len),
+        micro_batch=kw.pop("micro_batch", per_gpu),
+        sharding=kw.pop("sharding", "fsdp"),
+        recompute=recompute,  # type: ignore[arg-type]
+        precision=a.precision,  # type: ignore[arg-type]
+        **kw,
+    )
+
+
+def predict_fitting(
+    model: ModelSpec, cluster: ClusterSpec, make: Callable[[str], Layout]
+) -> dict[str, Any]:
+    """Predict the layout with the least recomputation that fits (the last one if none fits)."""
+    result: dict[str, Any] = {}
+    for recompute in ("none", "selective", "full"):
+        result = predict_layout(model, cluster, make(recompute))
+        if result["fits"]:
+            return result
+    return result
+
+
+def best_layout(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    global_batch: int,
+    seq_len: int,
+    constraints: Constraints | None = None,
+) -> dict[str, Any] | None:
+    result = search(
+        model,
+        cluster,
+        gpus=gpus,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        constraints=constraints,
+        top_k=1,
+    )
+    return result.top[0] if result.top else None
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    return atomic_write(path, write)
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    def write(tmp: Path) -> None:
+        fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
+
+    atomic_write(path, write)
+    plt.close(fig)
+    return path
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {"figure.figsize": (11, 6.5), "axes.grid": True, "grid.alpha": 0.3, "font.size": 10}
+    )
+    return plt
+
+
+def gpu_axis(ax: Any, gpus: Iterable[int]) -> None:
+    values = list(gpus)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values)
+    ax.set_xticklabels([str(g) for g in values], rotation=0)
+    ax.set_xlabel("GPUs")
+
+
+def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def load(a: Assumptions = DEFAULT) -> tuple[ModelSpec, ClusterSpec]:
+    return load_model(a.model), load_cluster(a.cluster)
+
+
+def write_report(out: Path, title: str, sections: list[str]) -> Path:
+    return atomic_write_text(out / "report.md", f"# {title}\n\n" + "\n\n".join(sections) + "\n")
+
+
+__all__ = ["DEFAULT", "WEAK_SCALING_GPUS", "Assumptions", "StudyOutput", "describe"]
