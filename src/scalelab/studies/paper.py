@@ -91,7 +91,7 @@ def run_paper(out: Path, a: Assumptions, progress: Callable[[str], None]) -> dic
     figures: list[Path] = []
     tables: list[Path] = []
     outputs = []
-    for name, (_, runner) in STUDIES.items():
+    for _title, runner in STUDIES.values():
         result = runner(out, a, progress)
         outputs.append(result)
         figures += result.figures
