@@ -21,6 +21,17 @@ from scalelab.studies.common import (
 )
 
 CROSSOVER_GPUS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+SHORT = {
+    "F1": "per-GPU tokens/s, 128 -> 2048 GPUs",
+    "F2": "GPU power, 128 -> 2048 GPUs",
+    "F3": "TP gain over FSDP at 2048 GPUs",
+    "F4": "MFU on A100",
+    "F5": "MFU on H100",
+    "F6": "MP beats FSDP beyond (GPUs)",
+    "F7": "best TP/PP degree at 2048",
+    "F8": "global tokens/s, 2048 / 128",
+    "F9": "energy per token, 2048 / 128",
+}
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,10 @@ class Finding:
     low: float
     high: float
     how: str
+
+    @property
+    def short(self) -> str:
+        return SHORT.get(self.id, self.quantity)
 
     @property
     def within(self) -> bool:

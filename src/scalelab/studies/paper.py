@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ def findings_figure(found: list[findings.Finding], out: Path) -> Path:
         capsize=6,
         label="tolerance",
     )
-    ax1.set_xticks(list(x), [f"{f.id}\n{f.quantity[:38]}" for f in pct], fontsize=8)
+    ax1.set_xticks(
+        list(x), [f"{f.id}\n" + "\n".join(textwrap.wrap(f.short, 18)) for f in pct], fontsize=9
+    )
     ax1.axhline(0, color="black", linewidth=0.8)
     ax1.set_ylabel("percent")
     ax1.set_title("Findings in percent: paper vs scalelab (green: within tolerance)")
@@ -63,23 +66,26 @@ def findings_figure(found: list[findings.Finding], out: Path) -> Path:
     cells = [
         [
             f.id,
-            f.quantity[:40],
-            _fmt(f.paper, f.unit),
+            f.short,
+            "2-4" if f.id == "F7" else _fmt(f.paper, f.unit),
             _fmt(f.predicted, f.unit),
-            f.tolerance,
             "yes" if f.within else "NO",
         ]
         for f in other
     ]
     table = ax2.table(
         cellText=cells,
-        colLabels=["id", "quantity", "paper", "scalelab", "tolerance", "within"],
+        colLabels=["id", "finding", "paper", "scalelab", "within"],
         loc="center",
         cellLoc="left",
+        colWidths=[0.08, 0.52, 0.13, 0.15, 0.12],
     )
     table.auto_set_font_size(False)
-    table.set_fontsize(8)
-    table.scale(1, 1.8)
+    table.set_fontsize(9)
+    table.scale(1, 2.0)
+    for (row, _col), cell in table.get_celld().items():
+        if row > 0 and cells[row - 1][-1] == "NO":
+            cell.set_facecolor("#f8d0d0")
     ax2.set_title("Other findings")
     fig.suptitle(f"{sum(f.within for f in found)} of {len(found)} findings within tolerance")
     fig.tight_layout()
