@@ -118,7 +118,8 @@ def run_paper(out: Path, a: Assumptions, progress: Callable[[str], None]) -> dic
                 (
                     f.id,
                     f.quantity,
-                    _fmt(f.paper, f.unit) + ("" if f.unit in ("ratio",) else f" {f.unit}"),
+                    ("2-4" if f.id == "F7" else _fmt(f.paper, f.unit))
+                    + ("" if f.unit == "ratio" else f" {f.unit}"),
                     _fmt(f.predicted, f.unit),
                     f.tolerance,
                     "yes" if f.within else "**no**",
