@@ -39,7 +39,16 @@ print(n / elapsed)
 
 def layouts(n: int) -> LayoutTable:
     pool = [
-        Layout(gpus=2048, global_batch=4096, seq_len=4096, tp=t, pp=p, micro_batch=mb, sharding=s, recompute=r)
+        Layout(
+            gpus=2048,
+            global_batch=4096,
+            seq_len=4096,
+            tp=t,
+            pp=p,
+            micro_batch=mb,
+            sharding=s,
+            recompute=r,
+        )
         for t in (1, 2, 4, 8)
         for p in (1, 2, 4, 8)
         for mb in (1, 2)
@@ -72,16 +81,29 @@ def main() -> None:
     for _ in range(200):
         predict(load_model("llama2-7b"), cluster, one)
     single_rate = 200 / (time.perf_counter() - start)
-    print(f"scalelab predictor: {batch_rate:,.0f} layouts/s in batches of {args.layouts:,} (best of {args.repeats}), "
-          f"{single_rate:,.0f} single predictions/s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(
+        f"scalelab predictor: {batch_rate:,.0f} layouts/s in batches of {args.layouts:,} (best of {args.repeats}), "
+        f"{single_rate:,.0f} single predictions/s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
     if args.llm_analysis_python:
-        out = subprocess.run([args.llm_analysis_python, "-c", LLM_ANALYSIS_SNIPPET], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [args.llm_analysis_python, "-c", LLM_ANALYSIS_SNIPPET],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         llm_rate = float(out.stdout.strip().splitlines()[-1])
-        print(f"llm-analysis 0.2.2 train(): {llm_rate:,.0f} configurations/s (Llama-2 7B, H100, 128 GPUs, ZeRO-3)")
-        print(f"ratio: scalelab batched / llm-analysis = {batch_rate / llm_rate:,.0f}x; "
-              f"scalelab single / llm-analysis = {single_rate / llm_rate:,.1f}x")
+        print(
+            f"llm-analysis 0.2.2 train(): {llm_rate:,.0f} configurations/s (Llama-2 7B, H100, 128 GPUs, ZeRO-3)"
+        )
+        print(
+            f"ratio: scalelab batched / llm-analysis = {batch_rate / llm_rate:,.0f}x; "
+            f"scalelab single / llm-analysis = {single_rate / llm_rate:,.1f}x"
+        )
     else:
-        print("llm-analysis: skipped (pass --llm-analysis-python PATH to a Python with llm-analysis installed)")
+        print(
+            "llm-analysis: skipped (pass --llm-analysis-python PATH to a Python with llm-analysis installed)"
+        )
 
 
 if __name__ == "__main__":

@@ -13,16 +13,22 @@ from scalelab.spec import load_cluster, load_model
 
 def main() -> None:
     cluster = load_cluster("h100-ib")
-    for name, gpus, batch in (("llama2-70b", 2048, 2048), ("llama2-7b", 2048, 2048), ("llama2-13b", 64, 512)):
+    for name, gpus, batch in (
+        ("llama2-70b", 2048, 2048),
+        ("llama2-7b", 2048, 2048),
+        ("llama2-13b", 64, 512),
+    ):
         model = load_model(name)
         times = []
         for _ in range(3):
             start = time.perf_counter()
             result = search(model, cluster, gpus=gpus, global_batch=batch, seq_len=4096)
             times.append(time.perf_counter() - start)
-        print(f"{name} on {gpus} GPUs, global batch {batch}: {result.considered:,} layouts considered, "
-              f"{result.invalid:,} invalid, {result.not_fitting:,} do not fit, {result.ranked:,} ranked; "
-              f"best of 3: {min(times):.2f} s ({result.considered / min(times):,.0f} layouts/s)")
+        print(
+            f"{name} on {gpus} GPUs, global batch {batch}: {result.considered:,} layouts considered, "
+            f"{result.invalid:,} invalid, {result.not_fitting:,} do not fit, {result.ranked:,} ranked; "
+            f"best of 3: {min(times):.2f} s ({result.considered / min(times):,.0f} layouts/s)"
+        )
 
 
 if __name__ == "__main__":

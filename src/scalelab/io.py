@@ -24,4 +24,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
-    return atomic_write(path, lambda tmp: tmp.write_text(text))
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+
+    return atomic_write(path, write)

@@ -216,7 +216,7 @@ def enumerate_space(
 def _first_reasons(masks: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
     reasons = list(masks)
     stacked = np.stack([masks[r] for r in reasons])
-    invalid = stacked.any(axis=0)
+    invalid = np.asarray(stacked.any(axis=0), dtype=bool)
     first = np.argmax(stacked, axis=0)
     counts = {reasons[i]: int(((first == i) & invalid).sum()) for i in range(len(reasons))}
     return invalid, {k: v for k, v in counts.items() if v}

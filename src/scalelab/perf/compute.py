@@ -19,6 +19,8 @@ import numpy as np
 from scalelab.spec.hardware import ClusterSpec
 from scalelab.spec.model import ModelSpec
 
+ArrayOrScalar = np.ndarray | float
+
 BF16_BYTES = 2.0
 FP32_BYTES = 4.0
 FLASH_BACKWARD_FLOP_RATIO = 2.5
@@ -42,7 +44,11 @@ class LayerCompute:
 
 
 def gemm_time(
-    m: np.ndarray, k: np.ndarray, n: np.ndarray, peak_flops: np.ndarray, cluster: ClusterSpec
+    m: ArrayOrScalar,
+    k: ArrayOrScalar,
+    n: ArrayOrScalar,
+    peak_flops: ArrayOrScalar,
+    cluster: ClusterSpec,
 ) -> np.ndarray:
     """Seconds for an (m x k) @ (k x n) GEMM in bf16 at the cluster's efficiency curve."""
     p = cluster.params
@@ -50,7 +56,7 @@ def gemm_time(
     compute = (flops + p.gemm_half_gflop * 1e9) / (peak_flops * p.gemm_efficiency)
     traffic = BF16_BYTES * (m * k + k * n + m * n)
     memory = traffic / (cluster.gpu.hbm_bytes_per_s * p.hbm_efficiency)
-    return np.maximum(compute, memory)
+    return np.asarray(np.maximum(compute, memory))
 
 
 def layer_compute(

@@ -6,6 +6,7 @@ import csv
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ KINDS = (
 )
 
 
-def measured_fig2() -> list[dict[str, float]]:
+def measured_fig2() -> list[dict[str, Any]]:
     text = resources.files("scalelab").joinpath("data/paper_fig2_allreduce_busbw.csv").read_text()
     return [
         {
@@ -48,7 +49,7 @@ def run(
     progress("collectives: bus bandwidth model")
     _, cluster = load(a)
     gpn = cluster.gpus_per_node
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind, label, _ in KINDS:
         for size in SIZES_MIB:
             nodes = np.array(NODES)

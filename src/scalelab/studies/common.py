@@ -77,6 +77,15 @@ def pure_fsdp(gpus: int, a: Assumptions = DEFAULT, recompute: str = "none", **kw
     )
 
 
+def fsdp_at(gpus: int, a: Assumptions = DEFAULT, **kw: Any) -> Callable[[str], Layout]:
+    """A maker of the pure-FSDP layout at `gpus` for a given recompute choice."""
+
+    def make(recompute: str) -> Layout:
+        return pure_fsdp(gpus, a, recompute=recompute, **kw)
+
+    return make
+
+
 def predict_fitting(
     model: ModelSpec, cluster: ClusterSpec, make: Callable[[str], Layout]
 ) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from scalelab.studies.common import (
     DEFAULT,
     Assumptions,
     best_layout,
+    fsdp_at,
     load,
     predict_fitting,
-    pure_fsdp,
 )
 
 CROSSOVER_GPUS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -88,7 +88,7 @@ def _fsdp(a: Assumptions, gpus: int, cluster_name: str | None = None) -> dict[st
     model, cluster = load(a)
     if cluster_name is not None:
         cluster = load_cluster(cluster_name)
-    return predict_fitting(model, cluster, lambda r: pure_fsdp(gpus, a, recompute=r))
+    return predict_fitting(model, cluster, fsdp_at(gpus, a))
 
 
 def model_parallel_best(a: Assumptions, gpus: int) -> dict[str, Any] | None:

@@ -16,10 +16,10 @@ from scalelab.studies.common import (
     StudyOutput,
     best_layout,
     describe,
+    fsdp_at,
     load,
     markdown_table,
     predict_fitting,
-    pure_fsdp,
     pyplot,
     save_figure,
     write_csv,
@@ -115,7 +115,7 @@ def run_hardware(
     for name, label in HARDWARE:
         progress(f"hardware: {label}")
         cluster = load_cluster(name)
-        r = predict_fitting(model, cluster, lambda rc: pure_fsdp(g, a, recompute=rc))
+        r = predict_fitting(model, cluster, fsdp_at(g, a))
         best = best_layout(
             model,
             cluster,

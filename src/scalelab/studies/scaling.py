@@ -14,11 +14,11 @@ from scalelab.studies.common import (
     Assumptions,
     StudyOutput,
     best_layout,
+    fsdp_at,
     gpu_axis,
     load,
     markdown_table,
     predict_fitting,
-    pure_fsdp,
     pyplot,
     save_figure,
     write_csv,
@@ -58,16 +58,14 @@ def weak_scaling_rows(
             _row(
                 "pure FSDP",
                 g,
-                predict_fitting(model, cluster, lambda r, g=g: pure_fsdp(g, a, recompute=r)),
+                predict_fitting(model, cluster, fsdp_at(g, a)),
             )
         )
         rows.append(
             _row(
                 "HSDP (shard in node)",
                 g,
-                predict_fitting(
-                    model, cluster, lambda r, g=g: pure_fsdp(g, a, recompute=r, sharding="hsdp")
-                ),
+                predict_fitting(model, cluster, fsdp_at(g, a, sharding="hsdp")),
             )
         )
         best = best_layout(
@@ -260,7 +258,7 @@ def run_model_size(
         model = load_model(name)
         for g in gpus_list:
             progress(f"model size: {name} on {g} GPUs")
-            r = predict_fitting(model, cluster, lambda rc, g=g: pure_fsdp(g, a, recompute=rc))
+            r = predict_fitting(model, cluster, fsdp_at(g, a))
             rows.append({**_row(f"{name} pure FSDP", g, r), "model": name, "fits": r["fits"]})
             best = best_layout(
                 model,
@@ -332,7 +330,7 @@ def run_hsdp(
             _row(
                 "pure FSDP",
                 g,
-                predict_fitting(model, cluster, lambda r, g=g: pure_fsdp(g, a, recompute=r)),
+                predict_fitting(model, cluster, fsdp_at(g, a)),
             )
         )
         hsdp = best_layout(
@@ -349,9 +347,7 @@ def run_hsdp(
             _row(
                 "HSDP, shard inside a node",
                 g,
-                predict_fitting(
-                    model, cluster, lambda r, g=g: pure_fsdp(g, a, recompute=r, sharding="hsdp")
-                ),
+                predict_fitting(model, cluster, fsdp_at(g, a, sharding="hsdp")),
             )
         )
         mp = best_layout(
