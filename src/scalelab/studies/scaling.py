@@ -220,7 +220,10 @@ def run_strong(
     for ax in (ax1, ax2):
         gpu_axis(ax, (16, 32, 64, 128, 256))
         ax.legend()
-    ax1.set_title(f"Strong scaling: global batch {batch} x {a.seq_len} tokens, global tokens/s")
+    ax1.set_yscale("log")
+    ax1.set_title(
+        f"Strong scaling: global batch {batch} x {a.seq_len} tokens, global tokens/s (log)"
+    )
     ax2.set_title("tokens/s per GPU (pure FSDP stops where dp > batch)")
     fig.tight_layout()
     figure = save_figure(fig, out / "strong_scaling.png")
