@@ -1,0 +1,268 @@
+"""Fit a cluster profile's free parameters to measured `comm` and `bench` records.
+
+Each observation is predicted with the cluster's parameters and compared on a log scale:
+collective times from `comm` sweeps, step times (and GPU power, where measured) from `bench`
+runs. Bounded least squares (scipy) moves only the parameters the observations can inform
+(NVLink-tier collective parameters need collectives inside a node, network ones need several
+nodes, compute ones need bench runs, power ones need energy); a parameter whose fitted value the
+data leaves free (its column of the Jacobian is flat) is reported as undetermined and keeps the
+base value. The result is written as a cluster YAML that `predict`, `search` and `study` accept.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import ValidationError
+
+from scalelab.errors import InputError
+from scalelab.io import atomic_write_text
+from scalelab.perf import comm
+from scalelab.perf.predict import predict
+from scalelab.spec.hardware import ClusterParams, ClusterSpec
+from scalelab.spec.layout import Layout, LayoutTable
+from scalelab.spec.model import ModelSpec
+
+COMM_INTRA = ("nvlink_bus_efficiency", "nvlink_step_latency_us", "base_latency_us", "bandwidth_ramp_mib")
+COMM_INTER = ("net_bus_efficiency", "net_step_latency_us", "net_base_latency_us", "tree_level_latency_us",
+              "net_scale_degradation")
+COMPUTE = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "layer_overhead_us",
+           "step_overhead_ms", "overlap_slowdown")
+POWER = ("compute_power_fraction", "comm_power_fraction")
+BOUNDS: dict[str, tuple[float, float]] = {
+    "nvlink_bus_efficiency": (0.01, 1.2),
+    "nvlink_step_latency_us": (0.0, 20_000.0),
+    "base_latency_us": (0.0, 100_000.0),
+    "bandwidth_ramp_mib": (0.0, 1_000.0),
+    "net_bus_efficiency": (0.01, 1.2),
+    "net_step_latency_us": (0.0, 20_000.0),
+    "net_base_latency_us": (0.0, 100_000.0),
+    "tree_level_latency_us": (0.0, 100_000.0),
+    "net_scale_degradation": (0.0, 2.0),
+    "gemm_efficiency": (0.001, 1.0),
+    "gemm_half_gflop": (0.0, 1_000.0),
+    "attention_efficiency": (0.001, 1.0),
+    "hbm_efficiency": (0.01, 1.0),
+    "layer_overhead_us": (0.0, 1_000_000.0),
+    "step_overhead_ms": (0.0, 100_000.0),
+    "overlap_slowdown": (0.0, 1.0),
+    "compute_power_fraction": (0.0, 1.0),
+    "comm_power_fraction": (0.0, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class CommPoint:
+    """One measured collective: `nbytes` as nccl-tests sizes it, on `ranks` ranks."""
+
+    collective: str
+    nbytes: float
+    ranks: int
+    ranks_per_node: int
+    time_s: float
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured training step (mean over the measured steps and repeats)."""
+
+    model: ModelSpec
+    layout: Layout
+    step_time_s: float
+    power_w: float | None = None
+    source: str = ""
+
+
+@dataclass
+class FitResult:
+    base: str
+    fitted: dict[str, float]
+    before: dict[str, float]
+    free: list[str]
+    undetermined: list[str]
+    residuals: list[dict[str, Any]] = field(default_factory=list)
+    error_before: float = 0.0
+    error_after: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _with(cluster: ClusterSpec, values: dict[str, float]) -> ClusterSpec:
+    return cluster.model_copy(update={"params": cluster.params.model_copy(update=values)})
+
+
+def _predict_all(
+    cluster: ClusterSpec, comm_points: list[CommPoint], step_points: list[StepPoint]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted collective times, then step times and powers (nan where no power measured)."""
+    comm_pred = np.zeros(len(comm_points))
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(comm_points):
+        groups[p.collective].append(i)
+    for collective, idx in groups.items():
+        pts = [comm_points[i] for i in idx]
+        shape = comm.GroupShape(
+            ranks=np.array([p.ranks for p in pts]),
+            ranks_per_domain=np.array([min(p.ranks_per_node, p.ranks) for p in pts]),
+        )
+        comm_pred[idx] = comm.collective_time(collective, np.array([p.nbytes for p in pts]), shape, cluster)
+    step_pred = np.zeros(2 * len(step_points))
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(step_points):
+        by_model[p.model.model_dump_json()].append(i)
+    for idx in by_model.values():
+        table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
+        pred = predict(step_points[idx[0]].model, cluster, table)
+        step_pred[idx] = pred["step_time_s"]
+        step_pred[[len(step_points) + i for i in idx]] = pred["power_w_per_gpu"]
+    return comm_pred, step_pred
+
+
+def free_parameters(comm_points: list[CommPoint], step_points: list[StepPoint]) -> list[str]:
+    names: list[str] = []
+    if any(p.ranks_per_node > 1 for p in comm_points):
+        names += COMM_INTRA
+    if any(p.ranks > p.ranks_per_node for p in comm_points):
+        names += COMM_INTER
+    if step_points:
+        names += COMPUTE
+    if any(p.power_w is not None for p in step_points):
+        names += POWER
+    return names
+
+
+def fit(
+    cluster: ClusterSpec,
+    comm_points: list[CommPoint],
+    step_points: list[StepPoint],
+    names: list[str] | None = None,
+) -> FitResult:
+    """Fit `names` (default: what the data can inform) by bounded least squares on log errors."""
+    from scipy.optimize import least_squares
+
+    if not comm_points and not step_points:
+        raise InputError("records", "no usable measurement in the records (need ok comm or bench records)")
+    names = names or free_parameters(comm_points, step_points)
+    base = cluster.params.model_dump()
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    x0 = np.clip(np.array([float(base[n]) for n in names]), lo + 1e-9, hi - 1e-9)
+    comm_measured = np.array([p.time_s for p in comm_points])
+    step_measured = np.array([p.step_time_s for p in step_points])
+    power_measured = np.array([np.nan if p.power_w is None else p.power_w for p in step_points])
+    has_power = ~np.isnan(power_measured)
+    # Each kind of observation carries equal weight, however many points it has.
+    w_comm = 1.0 / np.sqrt(max(len(comm_points), 1))
+    w_step = 1.0 / np.sqrt(max(len(step_points), 1))
+    w_power = 1.0 / np.sqrt(max(int(has_power.sum()), 1))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        c = _with(cluster, dict(zip(names, x.tolist(), strict=True)))
+        cp, sp = _predict_all(c, comm_points, step_points)
+        n = len(step_points)
+        parts = [w_comm * np.log(np.maximum(cp, 1e-12) / comm_measured),
+                 w_step * np.log(np.maximum(sp[:n], 1e-12) / step_measured)]
+        if has_power.any():
+            parts.append(w_power * np.log(sp[n:][has_power] / power_measured[has_power]))
+        return np.concatenate(parts)
+
+    solution = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-3, max_nfev=400)
+    jac = solution.jac
+    scale = np.maximum(np.abs(solution.x), 1e-6)
+    sensitivity = np.linalg.norm(jac * scale, axis=0)
+    undetermined = [n for n, s in zip(names, sensitivity, strict=True) if s < 1e-3 * max(sensitivity.max(), 1e-12)]
+    fitted = {n: float(v) for n, v in zip(names, solution.x, strict=True) if n not in undetermined}
+    final = _with(cluster, fitted)
+    before_c, before_s = _predict_all(cluster, comm_points, step_points)
+    after_c, after_s = _predict_all(final, comm_points, step_points)
+    rows = []
+    for i, p in enumerate(comm_points):
+        rows.append({"kind": "comm", "what": f"{p.collective} {p.nbytes:.0f} B on {p.ranks} ranks",
+                     "measured": p.time_s, "before": float(before_c[i]), "after": float(after_c[i])})
+    for i, p in enumerate(step_points):
+        rows.append({"kind": "step_time_s", "what": f"{p.model.name} {p.layout.gpus} ranks {p.source}",
+                     "measured": p.step_time_s, "before": float(before_s[i]), "after": float(after_s[i])})
+        if p.power_w is not None:
+            n = len(step_points)
+            rows.append({"kind": "power_w", "what": p.source, "measured": p.power_w,
+                         "before": float(before_s[n + i]), "after": float(after_s[n + i])})
+    for r in rows:
+        r["error_before"] = r["before"] / r["measured"] - 1.0
+        r["error_after"] = r["after"] / r["measured"] - 1.0
+    return FitResult(
+        base=cluster.name,
+        fitted=fitted,
+        before={n: float(base[n]) for n in names},
+        free=names,
+        undetermined=undetermined,
+        residuals=rows,
+        error_before=float(np.mean([abs(r["error_before"]) for r in rows])),
+        error_after=float(np.mean([abs(r["error_after"]) for r in rows])),
+    )
+
+
+def calibrated_cluster(cluster: ClusterSpec, result: FitResult, name: str) -> ClusterSpec:
+    return _with(cluster, result.fitted).model_copy(update={"name": name})
+
+
+def write_cluster_yaml(cluster: ClusterSpec, result: FitResult, path: Path, note: str = "") -> Path:
+    """A cluster file with the fitted parameters and where they came from."""
+    out = calibrated_cluster(cluster, result, path.stem)
+    params = out.params.model_dump()
+    params["source"] = (
+        f"scalelab calibrate from base '{result.base}': fitted {', '.join(sorted(result.fitted)) or 'nothing'}"
+        + (f"; undetermined (kept from base): {', '.join(result.undetermined)}" if result.undetermined else "")
+        + f"; mean |error| {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %"
+        + (f"; {note}" if note else "")
+    )
+    document = {
+        "gpu": out.gpu.model_dump(exclude={"name"}) | {"name": out.gpu.name},
+        "gpus_per_node": out.gpus_per_node,
+        "nvlink_domain": out.nvlink_domain,
+        "nics_per_node": out.nics_per_node,
+        "nic_gbps": out.nic_gbps,
+        "max_gpus": out.max_gpus,
+        "source": f"calibrated from measured records on top of {result.base}",
+        "params": params,
+    }
+    return atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
+
+
+def points_from_records(records: list[Any]) -> tuple[list[CommPoint], list[StepPoint], dict[str, int]]:
+    """Observations from `comm` and `bench` records (scalelab.results.Record); skipped ones counted."""
+    comm_points: list[CommPoint] = []
+    step_points: list[StepPoint] = []
+    skipped: dict[str, int] = defaultdict(int)
+    for rec in records:
+        if rec.status != "ok":
+            skipped[f"status {rec.status}"] += 1
+            continue
+        if rec.kind == "comm":
+            w = rec.workload
+            for row in rec.measurements.get("rows", []):
+                comm_points.append(CommPoint(
+                    collective=row["collective"], nbytes=float(row["bytes"]), ranks=int(w["world_size"]),
+                    ranks_per_node=int(w.get("nproc_per_node", w["world_size"])), time_s=float(row["time_s"]),
+                    source=rec.name))
+        elif rec.kind == "bench":
+            try:
+                model = ModelSpec(**rec.workload["model_spec"])
+                layout = Layout(**rec.layout)
+                step = rec.summary["step_time_s"]["mean"]
+            except (KeyError, TypeError, ValidationError):
+                raise InputError("records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s") from None
+            power = (rec.summary.get("avg_power_w") or {}).get("mean")
+            step_points.append(StepPoint(model, layout, float(step), None if power is None else float(power), rec.name))
+        else:
+            raise InputError("records", f"{rec.name}: kind '{rec.kind}' cannot be calibrated against (comm or bench)")
+    return comm_points, step_points, dict(skipped)
+
+
+__all__ = ["ClusterParams", "CommPoint", "FitResult", "StepPoint", "fit", "points_from_records", "write_cluster_yaml"]
