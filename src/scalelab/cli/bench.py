@@ -221,7 +221,8 @@ def bench(
         if worker and (
             int(os.environ.get("RANK", "0")) != 0 or os.environ.get("SCALELAB_QUIET_WORKER")
         ):
-            raise typer.Exit(rc)
+            _exit(rc)
+            return
     else:
         identity = RunIdentity.new(spec, layout)
         failed = base_record(identity, spec, layout, options, cluster_name, "failed")
@@ -230,7 +231,13 @@ def bench(
         )
         rc, path = launch(argv, nproc_per_node, identity, out, failed)
     _report(path, json_out)
-    raise typer.Exit(0 if rc == 0 else 1)
+    _exit(rc)
+
+
+def _exit(rc: int) -> None:
+    """A failed run exits 1 (SystemExit passes through click and `main` unchanged)."""
+    if rc != 0:
+        raise SystemExit(1)
 
 
 def _worker_argv(

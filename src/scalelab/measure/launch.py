@@ -239,7 +239,7 @@ def _measure(
     dist.all_gather_object(facts, local_facts(device_name))
     trainer = Trainer(spec, layout, options, info)
     meter = EnergyMeter(device.index if device.type == "cuda" else None)
-    log = _progress if info.rank == 0 and not os.environ.get("SCALELAB_QUIET_WORKER") else None
+    log = _progress if info.rank == 0 else None
 
     repeats = []
     step = 0

@@ -220,6 +220,7 @@ class Trainer:
         ]
         self.data = TokenData(spec.vocab_size, layout.seq_len, options.seed, options.data)
         self.local_batch = layout.global_batch // self.dims.dp
+        self.local_seq_len: int | None = None  # tokens per sequence a rank sees (seq_len / cp)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         from torch.distributed.tensor import DTensor
@@ -291,6 +292,7 @@ class Trainer:
             x = inputs[j * mb : (j + 1) * mb].clone()
             y = labels[j * mb : (j + 1) * mb].clone()
             with self._context(x, y):
+                self.local_seq_len = x.shape[1]
                 loss = cross_entropy(model(x), y)
                 (loss / n_micro).backward()
             total += _local(loss.detach()).float()
@@ -300,7 +302,10 @@ class Trainer:
         losses: list[torch.Tensor] = []
         x = inputs if self.has_first else None
         y = labels if self.has_last else None
+        seen = x if x is not None else y
         with self._context(x, y):
+            if seen is not None:
+                self.local_seq_len = seen.shape[1]
             if self.has_first and self.has_last:
                 self.schedule.step(x, target=y, losses=losses)
             elif self.has_first:
