@@ -52,7 +52,8 @@ def test_initialisation_depends_on_names_not_on_wrapping() -> None:
         assert torch.equal(p, pa[fqn]), fqn
     c = build_model(spec, 8)
     materialize(c, spec, seed=4, device=torch.device("cpu"))
-    assert not torch.equal(c.layers["1"].attention.wq.weight, a.layers["1"].attention.wq.weight)
+    wq = "layers.1.attention.wq.weight"
+    assert not torch.equal(dict(c.named_parameters())[wq], pa[wq])
     assert canonical_name("layers.3._checkpoint_wrapped_module._orig_mod.attention.wq.weight") == (
         "layers.3.attention.wq.weight"
     )

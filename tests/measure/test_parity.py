@@ -21,7 +21,7 @@ FP32_ATOL = 1e-5
 BF16_ATOL = 5e-3
 TINY_PARAMS = 180_800  # ModelSpec("llama-tiny").n_params
 
-WORLD2 = [
+WORLD2: list[dict[str, Any]] = [
     {"name": "fsdp2"},
     {"name": "fsdp2_no_reshard_bf16", "reshard_after_forward": False, "compute_dtype": "bf16"},
     {"name": "zero2", "sharding": "zero2"},
@@ -35,7 +35,7 @@ WORLD2 = [
     {"name": "fsdp2_selective_ac", "recompute": "selective"},
     {"name": "fsdp2_full_ac", "recompute": "full"},
 ]
-WORLD4 = [
+WORLD4: list[dict[str, Any]] = [
     {"name": "hsdp_2x2", "sharding": "hsdp", "hsdp_shard_size": 2},
     {"name": "tp2_fsdp2", "tp": 2},
     {"name": "pp2_fsdp2", "pp": 2, "pp_schedule": "1f1b"},

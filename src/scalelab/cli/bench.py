@@ -313,7 +313,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         ("peak RSS (GiB)", "peak_rss_bytes", 2**-30, 2, False),
         ("GPU power (W)", "avg_power_w", 1.0, 0, False),
         ("GPU energy per token (mJ)", "energy_per_token_j", 1e3, 3, False),
-        ("final loss", "final_loss", 1.0, 4, False),
+        ("loss at end of repeat", "final_loss", 1.0, 4, False),
     )
     for label, key, scale, digits, pct in rows:
         st = s.get(key, {})

@@ -124,6 +124,9 @@ class Transformer(nn.Module):
     (batch, seq, vocab) on the last stage, hidden states otherwise.
     """
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, spec: ModelSpec, seq_len: int) -> None:
         super().__init__()
         self.spec = spec

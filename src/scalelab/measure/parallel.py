@@ -155,7 +155,7 @@ def build_schedule(
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as sched
 
-    pipeline_stages = [
+    pipeline_stages: list[Any] = [
         PipelineStage(module, index, n_stages, device, group=pp_group) for index, module in stages
     ]
     n_micro = layout.n_microbatches

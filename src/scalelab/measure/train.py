@@ -227,7 +227,8 @@ class Trainer:
 
         meshes = {id(p.device_mesh) for p in self.params if isinstance(p, DTensor)}
         plain = any(not isinstance(p, DTensor) for p in self.params)
-        foreach = self.info.device.type == "cuda" and (len(meshes) + int(plain)) <= 1
+        # Multi-tensor kernels need every parameter on one mesh (or none); fused is fastest on GPU.
+        one_mesh = len(meshes) + int(plain) <= 1
         kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
         if self.layout.sharding == "zero1" and self.uses_ddp:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -238,7 +239,9 @@ class Trainer:
                 process_group=self.meshes.dp_cp.get_group(),
                 **kwargs,
             )
-        return torch.optim.AdamW(self.params, foreach=foreach, **kwargs)
+        if self.info.device.type == "cuda" and one_mesh:
+            return torch.optim.AdamW(self.params, fused=True, **kwargs)
+        return torch.optim.AdamW(self.params, foreach=False, **kwargs)
 
     def _context(
         self, inputs: torch.Tensor | None, labels: torch.Tensor | None
