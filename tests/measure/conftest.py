@@ -67,7 +67,3 @@ def parity() -> Callable[..., dict[str, Any]]:
 def reference() -> dict[str, Any]:
     """The single-process run: the whole global batch of 8 in one micro-batch, fp32."""
     return parity_results(1, [{"name": "reference", "micro_batch": 8}])["reference"]
-
-
-def bench_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "scalelab", "bench", "llama-tiny", *args]

@@ -199,6 +199,32 @@ def test_failed_rank_writes_failed_record_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
+def test_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed (as by the OOM killer): rank 0 loses it, the record names rank 1."""
+    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
+    done = _run(
+        _bench(*args, "--timeout-s", "60", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:kill"
+    )
+    assert done.returncode == 1
+    record = load_record(_only_record(tmp_path))
+    assert record.status == "failed"
+    assert (record.error or "").startswith("rank 1 died by signal SIGKILL"), record.error
+
+
+@pytest.mark.distributed
+def test_a_hung_rank_ends_in_a_failed_record_after_the_timeout(tmp_path: Path) -> None:
+    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
+    start = time.monotonic()
+    done = _run(
+        _bench(*args, "--timeout-s", "10", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:hang"
+    )
+    assert done.returncode == 1 and time.monotonic() - start < 90
+    record = load_record(_only_record(tmp_path))
+    assert record.status == "failed" and "timed out" in (record.error or "").lower()
+    assert "lost its peers" in record.notes["error"]
+
+
+@pytest.mark.distributed
 def test_out_of_memory_is_recorded_as_oom(tmp_path: Path) -> None:
     args = ["--steps", "2", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
     done = _run(_bench(*args), SCALELAB_FAULT="0:1:oom")

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import (
     AttentionOpt,
-    ClusterOpt,
     CpOpt,
     GlobalBatchOpt,
     HsdpGroupOpt,
@@ -78,8 +78,6 @@ BenchClusterOpt = Annotated[
         help="catalog cluster or YAML (GPU peak for MFU, and --predict); default: from the GPU name, h100-ib to predict on CPU",
     ),
 ]  # fmt: skip
-
-_ = ClusterOpt  # the same flag as predict's, with a bench-specific default
 
 
 def register(app: typer.Typer) -> None:
@@ -293,7 +291,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         print_json(record.model_dump())
         return
     if record.status != "ok":
-        err_console.print(f"[bold red]{record.status}[/]: {record.error}")
+        err_console.print(f"[bold red]{record.status}[/]: {escape(record.error or '')}")
         err_console.print(f"record: {path}")
         return
     s = record.summary

@@ -25,10 +25,22 @@ from types import FrameType
 from typing import Any
 
 from scalelab.measure.config import BenchOptions, hardware_flops_per_token
-from scalelab.results import Record, new_run_id, record_name, summarize, utc_now, write_record
+from scalelab.results import (
+    Record,
+    load_record,
+    new_run_id,
+    record_name,
+    summarize,
+    utc_now,
+    write_record,
+)
 from scalelab.spec.hardware import ClusterSpec
 from scalelab.spec.layout import Layout
 from scalelab.spec.model import ModelSpec
+
+SECONDARY_NOTE = (
+    "reported by a rank that lost its peers or was stopped; another rank may have failed first"
+)
 
 SUMMARY_METRICS = (
     "step_time_s",
@@ -151,6 +163,30 @@ def prediction(spec: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[st
     return {"cluster": cluster.name, **result}
 
 
+class TerminatedError(Exception):
+    """This rank got SIGTERM: torchrun stopping it after another rank failed, or a cancelled job."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise TerminatedError("terminated by SIGTERM (torchrun stops the other ranks when one fails)")
+
+
+_PEER_LOSS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "timed out",
+    "remote process exited",
+    "communicator was aborted",
+    "ncclremoteerror",
+)
+
+
+def _secondary(exc: BaseException) -> bool:
+    """An error that reports another rank's failure rather than this rank's own."""
+    return isinstance(exc, TerminatedError) or any(s in str(exc).lower() for s in _PEER_LOSS)
+
+
 def _error_text(rank: int, exc: BaseException) -> str:
     text = f"rank {rank}: {type(exc).__name__}: {exc}".strip()
     return text if len(text) <= 2000 else text[:2000] + " ..."
@@ -181,6 +217,7 @@ def run_worker(
     identity = RunIdentity.from_env()
     rank = int(os.environ.get("RANK", "0"))
     out_dir = Path(options.out_dir)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         info = init_distributed(options.timeout_s)
         rank = info.rank
@@ -204,6 +241,8 @@ def run_worker(
         record = base_record(
             identity, spec, layout, options, cluster_name, status, _error_text(rank, exc)
         )
+        if _secondary(exc):
+            record.notes["error"] = SECONDARY_NOTE
         path = None
         try:
             path = write_record(record, out_dir, overwrite=False)
@@ -378,7 +417,7 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-_ROOT_CAUSE = re.compile(r"rank\s*:\s*(\d+)")
+_RANK_FIELD = re.compile(r"rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
@@ -439,20 +478,57 @@ def launch(
         signal.signal(signal.SIGTERM, previous)
         reader.join(timeout=5)
     final = out_dir / f"{identity.name}.json"
-    if final.exists():
-        return rc, final
     if rc == 0:
-        return rc, None
-    text = "".join(tail)
-    cause = text[text.rfind("Root Cause") :] if "Root Cause" in text else text
-    rank_match = _ROOT_CAUSE.search(cause)
-    code_match = _EXITCODE.search(cause)
-    who = f"rank {rank_match.group(1)}" if rank_match else "an unknown rank"
-    how = f" (exit code {code_match.group(1)})" if code_match else ""
+        return rc, final if final.exists() else None
+    culprit = _culprit("".join(tail))
+    who = f"rank {culprit[0]}" if culprit else "an unknown rank"
+    how = ""
+    if culprit and culprit[1] is not None:
+        code = culprit[1]
+        how = f" by signal {_signal_name(-code)}" if code < 0 else f" with exit code {code}"
+    if final.exists():
+        record = load_record(final)
+        reporter = (record.error or "").split(":", 1)[0]
+        if culprit and record.notes.get("error") == SECONDARY_NOTE and reporter != who:
+            record.error = f"{who} died{how}; then {record.error}"
+            record.notes.pop("error")
+            write_record(record, out_dir)
+        return rc, final
     failed_record.error = (
-        f"{who} died without reporting an error{how}; torchrun exited with code {rc}"
+        f"{who} died{how} without reporting an error; torchrun exited with code {rc}"
     )
     try:
         return rc, write_record(failed_record, out_dir, overwrite=False)
     except FileExistsError:
         return rc, final
+
+
+def _culprit(report: str) -> tuple[int, int | None] | None:
+    """The rank that failed first, from torchrun's failure report.
+
+    A rank killed by a signal other than SIGTERM (SIGKILL from the OOM killer, SIGSEGV, SIGABRT)
+    died on its own, while ranks that exit 1 or get SIGTERM are usually its consequences; failing
+    that, torchrun's root cause (its earliest observed failure, which ties can misorder).
+    """
+    entries: list[tuple[int, int | None]] = []
+    for block in report.split("\n[")[1:]:
+        rank_match, code_match = _RANK_FIELD.search(block), _EXITCODE.search(block)
+        if rank_match:
+            entries.append(
+                (int(rank_match.group(1)), int(code_match.group(1)) if code_match else None)
+            )
+    for rank, code in entries:
+        if code is not None and code < 0 and code != -signal.SIGTERM:
+            return rank, code
+    root = report[report.rfind("Root Cause") :] if "Root Cause" in report else ""
+    rank_match, code_match = _RANK_FIELD.search(root), _EXITCODE.search(root)
+    if rank_match:
+        return int(rank_match.group(1)), (int(code_match.group(1)) if code_match else None)
+    return None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)

@@ -9,8 +9,9 @@ repeats measure run-to-run variance of a warmed-up job, as the study's repeated 
 Data is synthetic and learnable (each sequence an arithmetic progression modulo the vocabulary,
 seeded per step), or windows of a token file; every layout sees exactly the same global batch.
 
-Fault injection for tests: `SCALELAB_FAULT=RANK:STEP[:oom]` makes that rank raise at that global
-step (a RuntimeError, or torch.OutOfMemoryError with `:oom`).
+Fault injection for tests: `SCALELAB_FAULT=RANK:STEP[:KIND]` makes that rank fail at that global
+step: raise a RuntimeError (default), raise torch.OutOfMemoryError (`oom`), die by SIGKILL
+(`kill`) or stop answering (`hang`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -147,8 +149,13 @@ def _fault(rank: int, step: int) -> None:
         return
     parts = spec.split(":")
     if int(parts[0]) == rank and int(parts[1]) == step:
-        if len(parts) > 2 and parts[2] == "oom":
+        kind = parts[2] if len(parts) > 2 else "error"
+        if kind == "oom":
             raise torch.OutOfMemoryError(f"injected out-of-memory on rank {rank} at step {step}")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(3600)
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
 
