@@ -77,6 +77,19 @@ def test_bad_input_is_one_line_and_exit_2(
     assert not list(tmp_path.iterdir()), "nothing may run or be written for bad input"
 
 
+def test_without_torch_bench_says_how_to_get_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` fails
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "llama-tiny", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "scalelab: error: bench: the harness needs PyTorch: pip install 'scalelab[measure]'"
+    ]
+
+
 def test_predict_without_predictor_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -76,7 +76,7 @@ def test_scalelab_imports_without_torch() -> None:
     src = Path(__file__).resolve().parents[2] / "src"
     code = (
         "import sys; import scalelab, scalelab.cli, scalelab.results, scalelab.measure, "
-        "scalelab.measure.config; assert 'torch' not in sys.modules, 'torch imported'"
+        "scalelab.measure.config, scalelab.measure.launch, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True

@@ -148,7 +148,13 @@ def bench(
     from pydantic import ValidationError
 
     from scalelab.cli.common import choice, positive
-    from scalelab.measure.config import BenchOptions, check_layout, check_model, check_options
+    from scalelab.measure.config import (
+        BenchOptions,
+        check_layout,
+        check_model,
+        check_options,
+        under_torchrun,
+    )
     from scalelab.spec.catalog import load_cluster, load_model
     from scalelab.spec.layout import check
 
@@ -170,9 +176,6 @@ def bench(
         err = exc.errors()[0]
         raise InputError(str(err["loc"][0]).replace("_", "-"), err["msg"]) from None
     check_options(options)
-
-    from scalelab.measure.train import under_torchrun
-
     worker = under_torchrun()
     if worker:
         gpus = int(os.environ["WORLD_SIZE"])

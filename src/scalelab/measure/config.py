@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +37,14 @@ class BenchOptions(BaseModel):
     cluster: str | None = None
     predict: bool = False
     out_dir: str = "runs"
+
+
+def under_torchrun() -> bool:
+    """True in a process that torchrun (or torch.distributed.run) started."""
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env or all(
+        k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    )
 
 
 def check_model(model: ModelSpec) -> None:

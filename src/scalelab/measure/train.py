@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
-from scalelab.measure.config import BenchOptions
+from scalelab.measure.config import BenchOptions, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
 from scalelab.measure.parallel import (
@@ -63,12 +63,6 @@ class DistInfo:
     local_world_size: int
     device: torch.device
     backend: str
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
-    )
 
 
 def init_distributed(timeout_s: float) -> DistInfo:
