@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from scalelab.cli import main
@@ -128,6 +129,24 @@ def test_predict_puts_the_prediction_beside_the_measurement(
     assert record.cluster == "a100-ib", "on CPU the cluster is recorded as given"
     assert record.summary["mfu"]["mean"] is None and "CPU run" in record.notes["mfu"]
     assert "predicted:" in capsys.readouterr().out
+
+
+def test_token_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process, in this interpreter: a uint16 .bin and an int32 .npy token file."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    tokens = (np.arange(4000) * 7 % 256).astype(np.uint16)
+    tokens.tofile(tmp_path / "tokens.bin")
+    np.save(tmp_path / "tokens.npy", tokens.astype(np.int32))
+    for name in ("tokens.bin", "tokens.npy"):
+        out = tmp_path / f"out-{name}"
+        args = ["--data", str(tmp_path / name), "--steps", "2", "--warmup", "0", "--repeats", "1"]
+        main(["bench", "llama-tiny", *args, "--out", str(out)])
+        record = load_record(_only_record(out))
+        assert record.status == "ok" and record.workload["data"] == str(tmp_path / name)
+    np.save(tmp_path / "big.npy", np.array([1, 2, 300] * 50, dtype=np.int64))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "llama-tiny", "--data", str(tmp_path / "big.npy"), "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
 
 
 @pytest.fixture(scope="module")

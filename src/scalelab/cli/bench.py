@@ -153,6 +153,7 @@ def bench(
         check_layout,
         check_model,
         check_options,
+        check_tokens,
         under_torchrun,
     )
     from scalelab.spec.catalog import load_cluster, load_model
@@ -205,6 +206,8 @@ def bench(
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
     check(layout, spec, local)
     check_layout(layout, spec)
+    if data is not None:
+        check_tokens(data, spec.vocab_size, layout.seq_len)
     predict_cluster = None
     if predict:
         try:

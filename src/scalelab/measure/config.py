@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scalelab.errors import InputError
@@ -98,6 +99,30 @@ def check_options(options: BenchOptions) -> None:
             raise InputError("data", f"no such token file: {options.data}")
         if path.suffix not in (".npy", ".bin"):
             raise InputError("data", f"token file must be .npy or a uint16 .bin, not {path.name}")
+
+
+def load_tokens(path: str) -> np.ndarray:
+    """A token file as a flat integer array (memory-mapped): `.npy`, or raw uint16 `.bin`."""
+    p = Path(path)
+    try:
+        tokens = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, np.uint16, "r")
+    except (OSError, ValueError) as exc:
+        raise InputError("data", f"cannot read {path}: {exc}") from None
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise InputError("data", f"{path} holds {tokens.dtype}, not integer token ids")
+    return tokens.reshape(-1)
+
+
+def check_tokens(path: str, vocab_size: int, seq_len: int) -> None:
+    """The token file fits the model: enough tokens for one sequence, ids below the vocabulary."""
+    tokens = load_tokens(path)
+    if tokens.shape[0] < seq_len + 1:
+        raise InputError("data", f"{path} has {tokens.shape[0]} tokens, fewer than seq_len + 1")
+    top = int(tokens.max())
+    if top >= vocab_size or int(tokens.min()) < 0:
+        raise InputError(
+            "data", f"{path} has token id {top}, outside the model's vocabulary of {vocab_size}"
+        )
 
 
 def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
-from scalelab.measure.config import BenchOptions, under_torchrun
+from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
 from scalelab.measure.parallel import (
@@ -79,14 +79,19 @@ def init_distributed(timeout_s: float) -> DistInfo:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     if not dist.is_initialized():
         if under_torchrun():
             dist.init_process_group(backend, timeout=timeout, device_id=device if cuda else None)
         else:
             dist.init_process_group(
-                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                backend,
+                store=dist.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=timeout,
+                device_id=device if cuda else None,
             )
     return DistInfo(rank, world, local_rank, local_world, device, backend)
 
@@ -98,19 +103,7 @@ class TokenData:
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.seed = seed
-        self.tokens: np.ndarray | None = None
-        if path is not None:
-            p = Path(path)
-            tokens = (
-                np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, np.uint16, "r")
-            )
-            self.tokens = np.asarray(tokens).reshape(-1)
-
-    @property
-    def description(self) -> str:
-        return (
-            "synthetic arithmetic progressions mod vocab" if self.tokens is None else "token file"
-        )
+        self.tokens = None if path is None else load_tokens(path)
 
     def batch(self, step: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
@@ -122,7 +115,7 @@ class TokenData:
             n = self.tokens.shape[0] - self.seq_len - 1
             offsets = torch.randint(0, max(1, n), (global_batch,), generator=g).tolist()
             rows = [self.tokens[o : o + self.seq_len + 1].astype(np.int64) for o in offsets]
-            seq = torch.from_numpy(np.stack(rows)) % self.vocab_size
+            seq = torch.from_numpy(np.stack(rows))
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
