@@ -3,10 +3,11 @@
 `scalelab bench ... --nproc-per-node N` on a machine starts `torchrun --standalone` with itself
 as the program; each process then runs `run_worker`. Under a torchrun (or srun + torchrun) that
 the user started, the processes are workers directly. Rank 0 writes the record; a rank that fails
-writes a `failed` (or `oom`) record naming itself, the first writer winning; if the job dies
-without any record (a rank killed by a signal), the launcher writes the `failed` record from
-torchrun's report. Nothing is written until the run ends, and writes are atomic, so a killed run
-leaves no record at all rather than a partial one.
+writes a `failed` (or `oom`) record naming itself, the first writer winning. A rank that merely
+lost its peers (closed connection, collective timeout, SIGTERM) marks its record as secondary;
+the launcher then names the rank torchrun saw die by a signal, and writes the record itself if no
+rank could. Nothing is written until the run ends, and writes are atomic, so a killed run leaves
+no record at all rather than a partial one.
 """
 
 from __future__ import annotations

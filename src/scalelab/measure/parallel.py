@@ -9,7 +9,10 @@ The order is fixed, as in torchtitan's `parallelize_llama`:
 4. `torch.compile` per block (`apply_compile`);
 5. data parallelism: FSDP2 (`apply_fsdp`, fully_shard per block and root; 2-D mesh for HSDP;
    bf16 parameters with fp32 reduction on GPU) or DDP (`apply_ddp`, after initialisation, since
-   DDP broadcasts real parameters).
+   DDP broadcasts real parameters). The layout's ZeRO stages map onto these: `zero2` is FSDP2
+   without resharding after forward (gradients and optimizer state sharded, parameters stay
+   gathered from forward to the end of backward, like FSDP1's SHARD_GRAD_OP), `zero1` is DDP with
+   `ZeroRedundancyOptimizer` (optimizer state sharded).
 
 Context parallelism is applied per step around forward and backward (`cp_context`). Gradient
 clipping (`clip_grad_norm_`) works when parameters live on different meshes (plain tensors, TP
