@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from scalelab.measure.config import BenchOptions, hardware_flops_per_token
+from scalelab.measure.config import BenchOptions, hardware_flops_per_token, under_torchrun
 from scalelab.results import (
     Record,
     load_record,
@@ -218,7 +218,7 @@ def run_worker(
     identity = RunIdentity.from_env()
     rank = int(os.environ.get("RANK", "0"))
     out_dir = Path(options.out_dir)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         info = init_distributed(options.timeout_s)
         rank = info.rank
@@ -250,10 +250,16 @@ def run_worker(
             print(f"scalelab bench: {status} on rank {rank}; record {path}", file=sys.stderr)
         except FileExistsError:
             pass
+        if not under_torchrun():
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return 1, path
         sys.stderr.flush()
         sys.stdout.flush()
         # Other ranks may wait in a collective: leave at once, torchrun stops the rest.
         os._exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _measure(
