@@ -299,3 +299,32 @@ def test_compiled_blocks_train_like_eager(tmp_path: Path, reference: dict[str, A
         record.measurements["repeats"][0]["warmup_loss"] + record.measurements["repeats"][0]["loss"]
     )
     assert max(abs(a - b) for a, b in zip(losses, reference["loss"], strict=True)) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_gpu_run_records_mfu_memory_and_energy(tmp_path: Path) -> None:
+    """On a CUDA machine: bf16 by default, MFU against the detected GPU, CUDA memory, NVML energy."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    args = [
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "256",
+        "--steps",
+        "5",
+        "--warmup",
+        "2",
+        "--repeats",
+        "2",
+    ]
+    done = _run(_bench(*args, "--out", str(tmp_path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = load_record(_only_record(tmp_path))
+    assert record.environment["backend"] == "nccl" and record.workload["compute_dtype"] == "bf16"
+    assert record.summary["peak_memory_allocated_bytes"]["mean"] > 0
+    if record.cluster is not None:
+        assert 0 < record.summary["mfu"]["mean"] < 1
+    energy = record.summary["energy_j"]["mean"]
+    assert (energy is not None and energy > 0) or "energy_j" in record.notes
