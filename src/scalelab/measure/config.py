@@ -1,0 +1,155 @@
+"""What one bench run is asked to do, checked before any process is launched (no torch here)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from scalelab.errors import InputError
+from scalelab.spec.layout import Layout
+from scalelab.spec.model import ModelSpec
+
+ComputeDtype = Literal["auto", "fp32", "bf16"]
+
+
+class BenchOptions(BaseModel):
+    """Options of `scalelab bench` that are not part of the layout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(50, gt=0, description="measured steps per repeat")
+    warmup: int = Field(10, ge=0, description="warm-up steps per repeat (not measured)")
+    repeats: int = Field(3, gt=0)
+    seed: int = 0
+    lr: float = Field(3e-4, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 disables clipping")
+    compile: bool = False
+    compute_dtype: ComputeDtype = "auto"
+    data: str | None = Field(
+        None, description="token file (.npy or uint16 .bin); synthetic if None"
+    )
+    profile: bool = False
+    profile_steps: int = Field(3, gt=0)
+    timeout_s: float = Field(600.0, gt=0, description="process-group (collective) timeout")
+    cluster: str | None = None
+    predict: bool = False
+    out_dir: str = "runs"
+
+
+def under_torchrun() -> bool:
+    """True in a process that torchrun (or torch.distributed.run) started."""
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env or all(
+        k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    )
+
+
+def check_model(model: ModelSpec) -> None:
+    """The harness builds Llama-style decoders only; say which field rules a model out."""
+    unsupported = {
+        "ffn": (model.ffn, "swiglu"),
+        "norm": (model.norm, "rmsnorm"),
+        "position": (model.position, "rope"),
+        "bias": (model.bias, False),
+        "tied_embeddings": (model.tied_embeddings, False),
+    }
+    for field, (value, wanted) in unsupported.items():
+        if value != wanted:
+            raise InputError(
+                "model",
+                f"bench builds Llama-style decoders ({field} {wanted}); {model.name} has {field} {value}",
+            )
+
+
+def check_layout(layout: Layout, model: ModelSpec) -> None:
+    """Layouts the predictor accepts but this harness cannot run, each with its reason."""
+    if layout.precision == "fp8":
+        raise InputError(
+            "precision", "bench trains in bf16 (fp8 linears need torchao); use --precision bf16"
+        )
+    if layout.sharding in ("ddp", "zero1") and layout.tp > 1:
+        raise InputError(
+            "sharding",
+            f"{layout.sharding} with tp > 1 is not supported by bench; use fsdp, zero2 or hsdp with TP",
+        )
+    if layout.sharding == "zero1" and layout.pp > 1:
+        raise InputError("sharding", "zero1 with pp > 1 is not supported by bench; use ddp or fsdp")
+    if layout.cp > 1 and layout.attention == "math":
+        raise InputError(
+            "attention", "context parallelism needs --attention flash (ring attention)"
+        )
+    if layout.pp > 1 and layout.pp_schedule in ("gpipe", "1f1b") and layout.virtual_stages != 1:
+        raise InputError(
+            "virtual_stages", f"pp_schedule {layout.pp_schedule} runs one stage per rank"
+        )
+    if layout.pp > 1 and layout.pp_schedule == "zbv" and layout.virtual_stages != 2:
+        raise InputError("virtual_stages", "pp_schedule zbv runs 2 stages per rank")
+    if layout.tp > 1 and model.vocab_size % layout.tp:
+        raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
+
+
+def check_options(options: BenchOptions) -> None:
+    if options.data is not None:
+        path = Path(options.data)
+        if not path.is_file():
+            raise InputError("data", f"no such token file: {options.data}")
+        if path.suffix not in (".npy", ".bin"):
+            raise InputError("data", f"token file must be .npy or a uint16 .bin, not {path.name}")
+
+
+def load_tokens(path: str) -> np.ndarray:
+    """A token file as a flat integer array (memory-mapped): `.npy`, or raw uint16 `.bin`."""
+    p = Path(path)
+    try:
+        tokens = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, np.uint16, "r")
+    except (OSError, ValueError) as exc:
+        raise InputError("data", f"cannot read {path}: {exc}") from None
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise InputError("data", f"{path} holds {tokens.dtype}, not integer token ids")
+    return tokens.reshape(-1)
+
+
+def check_tokens(path: str, vocab_size: int, seq_len: int) -> None:
+    """The token file fits the model: enough tokens for one sequence, ids below the vocabulary."""
+    tokens = load_tokens(path)
+    if tokens.shape[0] < seq_len + 1:
+        raise InputError("data", f"{path} has {tokens.shape[0]} tokens, fewer than seq_len + 1")
+    top = int(tokens.max())
+    if top >= vocab_size or int(tokens.min()) < 0:
+        raise InputError(
+            "data", f"{path} has token id {top}, outside the model's vocabulary of {vocab_size}"
+        )
+
+
+def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
+    """Model FLOPs per token plus the recomputed ones (the numerator of HFU).
+
+    `full` recomputes every block's forward: 2 FLOPs per block weight plus the forward third of
+    the attention term (4·d_model·seq_len per layer). `selective` saves the outputs of matmuls
+    and attention (see measure/parallel.py) and recomputes only elementwise work, which adds no
+    matmul FLOPs, so its HFU equals its MFU.
+    """
+    flops = model.model_flops_per_token(seq_len)
+    if recompute == "full":
+        flops += model.n_layers * (2.0 * model.layer_params + 4.0 * model.d_model * seq_len)
+    return flops
+
+
+def default_cluster_for_gpu(gpu_name: str) -> str | None:
+    """The catalog cluster whose GPU matches a CUDA device name, if any."""
+    name = gpu_name.upper()
+    for needle, cluster in (
+        ("GB200", "gb200-nvl72"),
+        ("B200", "b200-ib"),
+        ("H200", "h200-ib"),
+        ("H100", "h100-ib"),
+        ("A100", "a100-ib"),
+        ("V100", "v100-ib"),
+    ):
+        if needle in name:
+            return cluster
+    return None

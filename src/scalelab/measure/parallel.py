@@ -1,0 +1,384 @@
+"""Parallelise the Llama model for a `Layout` on one DeviceMesh (`pp`, `dp_replicate`, `dp_shard`, `cp`, `tp`).
+
+The order is fixed, as in torchtitan's `parallelize_llama`:
+
+1. pipeline split (`pipeline_modules`): each rank keeps the layers of its stage(s);
+2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism;
+3. activation checkpointing (`apply_ac`): none, selective (save matmuls, attention and
+   reduce-scatters, recompute the rest) or full (recompute each block);
+4. `torch.compile` per block (`apply_compile`);
+5. data parallelism: FSDP2 (`apply_fsdp`, fully_shard per block and root; 2-D mesh for HSDP;
+   bf16 parameters with fp32 reduction on GPU) or DDP (`apply_ddp`, after initialisation, since
+   DDP broadcasts real parameters). The layout's ZeRO stages map onto these: `zero2` is FSDP2
+   without resharding after forward (gradients and optimizer state sharded, parameters stay
+   gathered from forward to the end of backward, like FSDP1's SHARD_GRAD_OP), `zero1` is DDP with
+   `ZeroRedundancyOptimizer` (optimizer state sharded).
+
+Context parallelism is applied per step around forward and backward (`cp_context`). Gradient
+clipping (`clip_grad_norm_`) works when parameters live on different meshes (plain tensors, TP
+DTensors, FSDP×TP DTensors, and pipeline stages).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from scalelab.spec.layout import Layout
+from scalelab.spec.model import ModelSpec
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of the five mesh dimensions; they multiply to the world size."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+
+    @classmethod
+    def from_layout(cls, layout: Layout, gpus_per_node: int) -> ParallelDims:
+        """HSDP shards over `hsdp_shard_size` ranks (default: a node's ranks not taken by TP and CP)."""
+        dp = layout.dp
+        if layout.sharding in ("ddp", "zero1"):
+            return cls(layout.pp, dp, 1, layout.cp, layout.tp)
+        if layout.sharding == "hsdp":
+            shard = layout.dp_shard_on(gpus_per_node)
+            return cls(layout.pp, dp // shard, shard, layout.cp, layout.tp)
+        return cls(layout.pp, 1, dp, layout.cp, layout.tp)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_degree(self) -> int:
+        """Ranks a parameter is sharded over by FSDP (context-parallel ranks included)."""
+        return self.dp_shard * self.cp
+
+    def shape(self) -> tuple[int, ...]:
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+
+@dataclass
+class Meshes:
+    """The world mesh and the sub-meshes each parallelism uses.
+
+    `dp` (dp_replicate×dp_shard): ranks that see different data. `fsdp`: FSDP's mesh, 1-D over
+    dp_shard×cp, or 2-D (dp_replicate, dp_shard×cp) for HSDP. `dp_cp`: all data and context
+    shards (DDP's group).
+    """
+
+    world: DeviceMesh
+    dims: ParallelDims
+    dp: DeviceMesh
+    fsdp: DeviceMesh
+    dp_cp: DeviceMesh
+
+    def __getitem__(self, name: str) -> DeviceMesh:
+        return self.world[name]
+
+
+def build_meshes(dims: ParallelDims, device_type: str) -> Meshes:
+    """One mesh with all five dimensions (size 1 where unused) plus the flattened views."""
+    world = init_device_mesh(device_type, dims.shape(), mesh_dim_names=MESH_DIMS)
+    dp = world["dp_replicate", "dp_shard"]._flatten("dp")
+    dp_shard_cp = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+    dp_cp = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    if dims.dp_replicate > 1:
+        fsdp = dp_cp._unflatten(
+            0, (dims.dp_replicate, dims.fsdp_degree), ("dp_replicate", "dp_shard_cp")
+        )
+    else:
+        fsdp = dp_shard_cp
+    return Meshes(world, dims, dp, fsdp, dp_cp)
+
+
+# 1. Pipeline split -------------------------------------------------------------------------------
+
+
+def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
+    """The global stage indices a pipeline rank runs: looped (r, r+pp, ...) or V-shaped (zbv)."""
+    if layout.pp_schedule == "zbv":
+        return [pp_rank, 2 * layout.pp - 1 - pp_rank]
+    return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
+
+
+def pipeline_modules(
+    spec: ModelSpec, layout: Layout, pp_rank: int, build: Callable[[], nn.Module]
+) -> list[tuple[int, nn.Module]]:
+    """(stage index, module) for each stage of this rank: the full model minus what it does not own.
+
+    Layers are split evenly and contiguously; the first stage keeps the embedding, the last
+    the final norm and output. `build` makes a fresh full model (on the meta device).
+    """
+    n_stages = layout.pp * (2 if layout.pp_schedule == "zbv" else layout.virtual_stages)
+    per_stage = spec.n_layers // n_stages
+    modules = []
+    for stage in stage_ids(layout, pp_rank):
+        model: Any = build()
+        keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
+        for key in list(model.layers.keys()):
+            if key not in keep:
+                del model.layers[key]
+        if stage != 0:
+            model.tok_embeddings = None
+        if stage != n_stages - 1:
+            model.norm = None
+            model.output = None
+        modules.append((stage, model))
+    return modules
+
+
+def build_schedule(
+    stages: Sequence[tuple[int, nn.Module]],
+    layout: Layout,
+    n_stages: int,
+    device: torch.device,
+    pp_group: dist.ProcessGroup,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Any:
+    """A `torch.distributed.pipelining` schedule over this rank's stage modules."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as sched
+
+    pipeline_stages: list[Any] = [
+        PipelineStage(module, index, n_stages, device, group=pp_group) for index, module in stages
+    ]
+    n_micro = layout.n_microbatches
+    if layout.pp_schedule == "gpipe":
+        return sched.ScheduleGPipe(pipeline_stages[0], n_microbatches=n_micro, loss_fn=loss_fn)
+    if layout.pp_schedule == "1f1b":
+        return sched.Schedule1F1B(pipeline_stages[0], n_microbatches=n_micro, loss_fn=loss_fn)
+    if layout.pp_schedule == "interleaved":
+        return sched.ScheduleInterleaved1F1B(
+            pipeline_stages, n_microbatches=n_micro, loss_fn=loss_fn
+        )
+    return sched.ScheduleZBVZeroBubble(pipeline_stages, n_microbatches=n_micro, loss_fn=loss_fn)
+
+
+# 2. Tensor parallelism ---------------------------------------------------------------------------
+
+
+def apply_tp(
+    model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool
+) -> None:
+    """Megatron-style TP: column-parallel q/k/v and w1/w3, row-parallel wo/w2, vocab-parallel
+    embedding and output; with SP the norms and the residual stream are sharded on the sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    m: Any = model
+    seq_layout = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, Any] = {}
+    if m.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq_layout
+        )
+    if m.norm is not None and sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    if m.output is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=seq_layout,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if plan:
+        parallelize_module(m, tp_mesh, plan)
+    for block in m.layers.values():
+        layer_plan: dict[str, Any] = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=seq_layout),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=seq_layout),
+            "feed_forward.w3": ColwiseParallel(),
+        }
+        if sequence_parallel:
+            layer_plan |= {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None, None),
+                    desired_input_layouts=(Replicate(), None, None),
+                ),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+            }
+        parallelize_module(block, tp_mesh, layer_plan)
+
+
+# 3. Activation checkpointing ---------------------------------------------------------------------
+
+
+def _selective_policy(
+    save_ops: frozenset[Any], ctx: Any, op: Any, *args: Any, **kwargs: Any
+) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = frozenset(
+        {
+            aten.mm.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            aten.max.default,
+        }
+    )
+    return create_selective_checkpoint_contexts(partial(_selective_policy, save))
+
+
+def apply_ac(model: nn.Module, mode: str) -> None:
+    """Wrap each block for recomputation in backward (`mode`: none, selective or full)."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers: Any = model.layers
+    for key in list(layers.keys()):
+        block = layers[key]
+        if mode == "full":
+            layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+        else:
+            layers[key] = checkpoint_wrapper(
+                block, context_fn=_selective_context, preserve_rng_state=False
+            )
+
+
+# 4. torch.compile --------------------------------------------------------------------------------
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block separately (identical blocks share one compiled graph)."""
+    layers: Any = model.layers
+    for key in list(layers.keys()):
+        layers[key] = torch.compile(layers[key])
+
+
+# 5. Data parallelism -----------------------------------------------------------------------------
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype | None,
+    reshard_after_forward: bool,
+) -> None:
+    """FSDP2 per block and on the root; bf16 parameters reduce gradients in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers: Any = model.layers
+    for block in layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
+    """DDP over `group` (the data- and context-parallel ranks); call after initialisation."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, process_group=group, broadcast_buffers=False)
+
+
+# Context parallelism -----------------------------------------------------------------------------
+
+
+def cp_context(
+    cp_mesh: DeviceMesh,
+    buffers: list[torch.Tensor],
+    seq_dims: list[int],
+    no_restore: set[torch.Tensor],
+) -> contextlib.AbstractContextManager[None]:
+    """PyTorch's context-parallel context (ring attention, head-tail load balancing).
+
+    On CPU, SDPA runs a kernel the stock API has no rule for; `cp_cpu` adds one.
+    """
+    from torch.distributed.tensor.experimental import context_parallel
+
+    if cp_mesh.device_type == "cpu":
+        from scalelab.measure.cp_cpu import install_cpu_ring_attention
+
+        install_cpu_ring_attention()
+    return context_parallel(
+        cp_mesh, buffers=buffers, buffer_seq_dims=seq_dims, no_restore_buffers=no_restore
+    )
+
+
+# Gradient clipping -------------------------------------------------------------------------------
+
+
+def _group_key(t: torch.Tensor) -> tuple[Any, ...]:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return (id(t.device_mesh), tuple(t.placements))
+    return ("plain",)
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: Iterator[nn.Parameter] | Sequence[nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """Clip gradients to a total L2 norm of `max_norm`; returns the norm before clipping.
+
+    Gradients are grouped by (mesh, placements) so each group's norm is one DTensor reduction
+    (`torch.nn.utils.clip_grad_norm_` fails on mixed meshes); the squared norms are summed over
+    groups and, for pipelines, over stages. The coefficient is torch's, max_norm / (norm + 1e-6).
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(_group_key(g), []).append(g)
+    device = grads[0].device if grads else torch.device("cpu")
+    total_sq = torch.zeros((), dtype=torch.float32, device=device)
+    for members in groups.values():
+        norm = torch.nn.utils.get_total_norm(members, norm_type=2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq += norm.float() ** 2
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        dist.all_reduce(total_sq, group=pp_group)
+    total = total_sq.sqrt()
+    if max_norm > 0:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            (g.to_local() if isinstance(g, DTensor) else g).mul_(coef.to(g.dtype))
+    return total

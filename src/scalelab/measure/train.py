@@ -1,0 +1,442 @@
+"""The timed training loop: build the parallel model, train W warm-up and M measured steps, R times.
+
+Each repeat runs `warmup` steps, then `steps` measured steps, timed by a synchronised wall clock
+(`torch.cuda.synchronize` on GPU) on every rank; a step's time is the slowest rank's. Around the
+measured window it reads peak memory (CUDA allocated/reserved, or process RSS on CPU) and the
+GPU energy counter. Training continues across repeats (the model is not re-initialised), so
+repeats measure run-to-run variance of a warmed-up job, as the study's repeated runs did.
+
+Data is synthetic and learnable (each sequence an arithmetic progression modulo the vocabulary,
+seeded per step), or windows of a token file; every layout sees exactly the same global batch.
+
+Fault injection for tests: `SCALELAB_FAULT=RANK:STEP[:KIND]` makes that rank fail at that global
+step: raise a RuntimeError (default), raise torch.OutOfMemoryError (`oom`), die by SIGKILL
+(`kill`) or stop answering (`hang`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn import functional
+
+from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
+from scalelab.measure.energy import EnergyMeter
+from scalelab.measure.model import Transformer, build_model, materialize
+from scalelab.measure.parallel import (
+    Meshes,
+    ParallelDims,
+    apply_ac,
+    apply_compile,
+    apply_ddp,
+    apply_fsdp,
+    apply_tp,
+    build_meshes,
+    build_schedule,
+    clip_grad_norm_,
+    cp_context,
+    pipeline_modules,
+)
+from scalelab.spec.layout import Layout
+from scalelab.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str
+
+
+def init_distributed(timeout_s: float) -> DistInfo:
+    """NCCL on GPUs, gloo on CPU; a one-process group when not launched by torchrun."""
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    if under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    else:
+        rank, world, local_rank, local_world = 0, 1, 0, 1
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if not dist.is_initialized():
+        if under_torchrun():
+            dist.init_process_group(backend, timeout=timeout, device_id=device if cuda else None)
+        else:
+            dist.init_process_group(
+                backend,
+                store=dist.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=timeout,
+                device_id=device if cuda else None,
+            )
+    return DistInfo(rank, world, local_rank, local_world, device, backend)
+
+
+class TokenData:
+    """The global batch of each step: (inputs, labels), both (global_batch, seq_len) int64 on CPU."""
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, path: str | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.tokens = None if path is None else load_tokens(path)
+
+    def batch(self, step: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        if self.tokens is None:
+            start = torch.randint(0, self.vocab_size, (global_batch, 1), generator=g)
+            stride = torch.randint(1, self.vocab_size, (global_batch, 1), generator=g)
+            seq = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab_size
+        else:
+            n = self.tokens.shape[0] - self.seq_len - 1
+            offsets = torch.randint(0, max(1, n), (global_batch,), generator=g).tolist()
+            rows = [self.tokens[o : o + self.seq_len + 1].astype(np.int64) for o in offsets]
+            seq = torch.from_numpy(np.stack(rows))
+        return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def cross_entropy(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss in fp32 (works on vocab-sharded logits under loss parallelism)."""
+    return functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _fault(rank: int, step: int) -> None:
+    spec = os.environ.get("SCALELAB_FAULT")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) == rank and int(parts[1]) == step:
+        kind = parts[2] if len(parts) > 2 else "error"
+        if kind == "oom":
+            raise torch.OutOfMemoryError(f"injected out-of-memory on rank {rank} at step {step}")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(3600)
+        raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+
+
+class Trainer:
+    """The model(s), optimizer and one training step for a layout on this rank."""
+
+    def __init__(
+        self, spec: ModelSpec, layout: Layout, options: BenchOptions, info: DistInfo
+    ) -> None:
+        self.spec, self.layout, self.options, self.info = spec, layout, options, info
+        device = info.device
+        self.dims = ParallelDims.from_layout(layout, info.local_world_size)
+        if self.dims.world_size != info.world_size:
+            raise RuntimeError(
+                f"layout needs {self.dims.world_size} processes, the job has {info.world_size}"
+            )
+        self.meshes: Meshes = build_meshes(self.dims, device.type)
+        dtype = options.compute_dtype
+        self.compute_dtype = (
+            ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
+        )
+        bf16 = self.compute_dtype == "bf16"
+        dp_ranks = self.dims.dp_replicate * self.dims.fsdp_degree
+        self.uses_fsdp = layout.sharding in ("fsdp", "zero2", "hsdp") and dp_ranks > 1
+        self.uses_ddp = layout.sharding in ("ddp", "zero1") and self.dims.dp * self.dims.cp > 1
+        self.autocast = bf16 and not self.uses_fsdp
+        self.loss_parallel = layout.tp > 1
+        self.pp_rank = self.meshes["pp"].get_local_rank()
+        self.dp_rank = self.meshes.dp.get_local_rank()
+
+        def build() -> nn.Module:
+            return build_model(spec, layout.seq_len, "meta")
+
+        if layout.pp > 1:
+            stage_modules = pipeline_modules(spec, layout, self.pp_rank, build)
+        else:
+            stage_modules = [(0, build())]
+        reshard = layout.reshard_after_forward and layout.sharding != "zero2"
+        self.stages: list[tuple[int, nn.Module]] = []
+        for index, module in stage_modules:
+            if layout.tp > 1:
+                apply_tp(module, self.meshes["tp"], layout.sequence_parallel, self.loss_parallel)
+            apply_ac(module, layout.recompute)
+            if options.compile:
+                apply_compile(module)
+            if self.uses_fsdp:
+                apply_fsdp(module, self.meshes.fsdp, torch.bfloat16 if bf16 else None, reshard)
+            materialize(module, spec, options.seed, device)
+            if self.uses_ddp:
+                module = apply_ddp(module, self.meshes.dp_cp.get_group())
+            self.stages.append((index, module))
+        self.modules = [module for _, module in self.stages]
+        self.params = [p for m in self.modules for p in m.parameters()]
+        self.optimizer = self._optimizer()
+        self.schedule: Any = None
+        if layout.pp > 1:
+            n_stages = layout.pp * (2 if layout.pp_schedule == "zbv" else layout.virtual_stages)
+            self.schedule = build_schedule(
+                self.stages, layout, n_stages, device, self.meshes["pp"].get_group(), cross_entropy
+            )
+            self.has_first = any(idx == 0 for idx, _ in self.stages)
+            self.has_last = any(idx == n_stages - 1 for idx, _ in self.stages)
+        self.rope_buffers = [
+            buf
+            for m in self.modules
+            for t in m.modules()
+            if isinstance(t, Transformer)
+            for buf in (t.rope_cos, t.rope_sin)
+        ]
+        self.data = TokenData(spec.vocab_size, layout.seq_len, options.seed, options.data)
+        self.local_batch = layout.global_batch // self.dims.dp
+        self.local_seq_len: int | None = None  # tokens per sequence a rank sees (seq_len / cp)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        from torch.distributed.tensor import DTensor
+
+        meshes = {id(p.device_mesh) for p in self.params if isinstance(p, DTensor)}
+        plain = any(not isinstance(p, DTensor) for p in self.params)
+        # Multi-tensor kernels need every parameter on one mesh (or none); fused is fastest on GPU.
+        one_mesh = len(meshes) + int(plain) <= 1
+        kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
+        if self.layout.sharding == "zero1" and self.uses_ddp:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(
+                self.params,
+                optimizer_class=torch.optim.AdamW,
+                process_group=self.meshes.dp_cp.get_group(),
+                **kwargs,
+            )
+        if self.info.device.type == "cuda" and one_mesh:
+            return torch.optim.AdamW(self.params, fused=True, **kwargs)
+        return torch.optim.AdamW(self.params, foreach=False, **kwargs)
+
+    def _context(
+        self, inputs: torch.Tensor | None, labels: torch.Tensor | None
+    ) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.layout.cp > 1:
+            buffers = [b for b in (inputs, labels) if b is not None]
+            seq_dims = [1] * len(buffers) + [0] * len(self.rope_buffers)
+            stack.enter_context(
+                cp_context(self.meshes["cp"], buffers + self.rope_buffers, seq_dims, set(buffers))
+            )
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
+        if self.autocast:
+            stack.enter_context(torch.autocast(self.info.device.type, dtype=torch.bfloat16))
+        if self.layout.attention == "math":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        return stack
+
+    def local_data(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = self.data.batch(step, self.layout.global_batch)
+        rows = slice(self.dp_rank * self.local_batch, (self.dp_rank + 1) * self.local_batch)
+        device = self.info.device
+        return inputs[rows].to(device, non_blocking=True), labels[rows].to(
+            device, non_blocking=True
+        )
+
+    def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns this rank's loss contribution and the gradient norm."""
+        _fault(self.info.rank, step)
+        inputs, labels = self.local_data(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.schedule is not None:
+            loss = self._pipeline_step(inputs, labels)
+        else:
+            loss = self._flat_step(inputs, labels)
+        pp_group = self.meshes["pp"].get_group() if self.layout.pp > 1 else None
+        norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group)
+        self.optimizer.step()
+        return loss, norm
+
+    def _flat_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        n_micro, mb = self.layout.n_microbatches, self.layout.micro_batch
+        total = torch.zeros((), device=self.info.device)
+        model = self.modules[0]
+        for j in range(n_micro):
+            x = inputs[j * mb : (j + 1) * mb].clone()
+            y = labels[j * mb : (j + 1) * mb].clone()
+            with self._context(x, y):
+                self.local_seq_len = x.shape[1]
+                loss = cross_entropy(model(x), y)
+                (loss / n_micro).backward()
+            total += _local(loss.detach()).float()
+        return total / n_micro
+
+    def _pipeline_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        losses: list[torch.Tensor] = []
+        x = inputs if self.has_first else None
+        y = labels if self.has_last else None
+        seen = x if x is not None else y
+        with self._context(x, y):
+            if seen is not None:
+                self.local_seq_len = seen.shape[1]
+            if self.has_first and self.has_last:
+                self.schedule.step(x, target=y, losses=losses)
+            elif self.has_first:
+                self.schedule.step(x)
+            elif self.has_last:
+                self.schedule.step(target=y, losses=losses)
+            else:
+                self.schedule.step()
+        if not losses:
+            return torch.zeros((), device=self.info.device)
+        return torch.stack([_local(loss.detach()).float() for loss in losses]).mean()
+
+    @property
+    def loss_divisor(self) -> int:
+        """Ranks holding a loss: all of them, or the last pipeline stage's."""
+        return self.info.world_size // self.layout.pp
+
+
+@dataclass
+class RepeatResult:
+    """Raw figures of one repeat, already reduced over ranks."""
+
+    warmup_step_time_s: list[float]
+    warmup_loss: list[float]
+    step_time_s: list[float]
+    loss: list[float]
+    grad_norm: list[float]
+    window_s: float
+    peak_memory_allocated_bytes: int | None
+    peak_memory_reserved_bytes: int | None
+    peak_rss_bytes: int
+    energy_j: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_steps(
+    trainer: Trainer, first_step: int, n: int
+) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
+    device = trainer.info.device
+    times, losses, norms = [], [], []
+    for i in range(n):
+        _sync(device)
+        t0 = time.perf_counter()
+        loss, norm = trainer.step(first_step + i)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        norms.append(norm)
+    return times, losses, norms
+
+
+def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, device: torch.device) -> list[float]:
+    if not values:
+        return []
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return [float(v) for v in t.tolist()]
+
+
+def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatResult:
+    """Warm-up then measured steps from global step `first_step`."""
+    opts, device = trainer.options, trainer.info.device
+    w_times, w_losses, _ = _timed_steps(trainer, first_step, opts.warmup)
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    energy0 = meter.read_j()
+    _sync(device)
+    t0 = time.perf_counter()
+    times, losses, norms = _timed_steps(trainer, first_step + opts.warmup, opts.steps)
+    window = time.perf_counter() - t0
+    energy1 = meter.read_j()
+
+    max_op, sum_op = dist.ReduceOp.MAX, dist.ReduceOp.SUM
+    divisor = trainer.loss_divisor
+    loss_all = torch.stack([*w_losses, *losses]).double() if (w_losses or losses) else None
+    if loss_all is not None:
+        dist.all_reduce(loss_all, op=sum_op)
+        loss_list = [float(v) / divisor for v in loss_all.tolist()]
+    else:
+        loss_list = []
+    norm_list = [float(n) for n in torch.stack(norms).tolist()] if norms else []
+    w_times_r = _reduce(w_times, max_op, device)
+    times_r = _reduce(times, max_op, device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if device.type == "cuda":
+        alloc, reserved = (
+            torch.cuda.max_memory_allocated(device),
+            torch.cuda.max_memory_reserved(device),
+        )
+    else:
+        alloc, reserved = 0, 0
+    window_r, rss_r, alloc_r, reserved_r = _reduce([window, rss, alloc, reserved], max_op, device)
+    available = 1.0 if energy0 is not None and energy1 is not None else 0.0
+    energy_local = (energy1 - energy0) if energy0 is not None and energy1 is not None else 0.0
+    energy_sum, n_available = _reduce([energy_local, available], sum_op, device)
+    has_energy = int(n_available) == trainer.info.world_size
+    cuda = device.type == "cuda"
+    return RepeatResult(
+        warmup_step_time_s=w_times_r,
+        warmup_loss=loss_list[: len(w_losses)],
+        step_time_s=times_r,
+        loss=loss_list[len(w_losses) :],
+        grad_norm=norm_list,
+        window_s=window_r,
+        peak_memory_allocated_bytes=int(alloc_r) if cuda else None,
+        peak_memory_reserved_bytes=int(reserved_r) if cuda else None,
+        peak_rss_bytes=int(rss_r),
+        energy_j=energy_sum if has_energy else None,
+    )
+
+
+def profile_window(trainer: Trainer, first_step: int, trace_dir: Path) -> Path:
+    """One warm-up and `profile_steps` active profiled steps; one Kineto trace per rank."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU]
+    if trainer.info.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    path = trace_dir / f"rank{trainer.info.rank}.json.gz"
+    active = trainer.options.profile_steps
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+    ) as prof:
+        for i in range(1 + active):
+            trainer.step(first_step + i)
+            _sync(trainer.info.device)
+            prof.step()
+    return path

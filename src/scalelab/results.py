@@ -1,0 +1,255 @@
+"""The result record: one JSON file per run, written atomically, loaded into pandas.
+
+A record is generic over what produced it (`kind`: `bench` runs of the harness, later `comm`
+collective sweeps and `sweep` jobs): the workload, the layout, the cluster name, the environment,
+the raw measurements (per-step arrays), summary statistics, the status and error, and optionally
+the predictor's numbers for the same layout. Fields that could not be measured are null, and
+`notes` says why.
+
+Files are written to a hidden temporary name in the target folder, flushed to disk and renamed
+(or hard-linked, when a run's record must not be overwritten), so a crash or a kill never leaves
+a half-written `*.json`; thousands of jobs can write to one shared folder without a database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scalelab.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SCHEMA_VERSION = 1
+RECORD_SUFFIX = ".json"
+Status = Literal["ok", "oom", "failed"]
+
+# t quantiles (0.975) for 1..30 degrees of freedom; 1.96 beyond.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+class Record(BaseModel):
+    """One run of any scalelab engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    kind: str = Field(description="what produced it: bench, comm, sweep, ...")
+    run_id: str
+    name: str = Field(description="file stem, unique per run")
+    created_utc: str
+    status: Status
+    error: str | None = None
+    workload: dict[str, Any] = Field(default_factory=dict)
+    layout: dict[str, Any] | None = None
+    cluster: str | None = None
+    environment: dict[str, Any] = Field(default_factory=dict)
+    measurements: dict[str, Any] = Field(default_factory=dict)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    prediction: dict[str, Any] | None = None
+    notes: dict[str, str] = Field(default_factory=dict, description="why a field is null")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(8)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def record_name(kind: str, label: str, created_utc: str, run_id: str) -> str:
+    """A sortable, unique file stem: time, kind, a short label, run id."""
+    stamp = created_utc.replace("-", "").replace(":", "").rstrip("Z")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    return f"{stamp}-{kind}-{safe}-{run_id[:8]}"
+
+
+def stats(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """Mean, sample standard deviation and 95 % confidence interval (Student t) of the mean.
+
+    Missing values are dropped; with one value the spread and interval are null.
+    """
+    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "std": None, "ci95_low": None, "ci95_high": None, "n": 0}
+    mean = sum(xs) / n
+    if n == 1:
+        return {"mean": mean, "std": None, "ci95_low": None, "ci95_high": None, "n": 1}
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
+    half = t * std / math.sqrt(n)
+    return {"mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half, "n": n}
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become null, tuples lists, numpy scalars Python numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return _clean(value.item())
+    return value
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_record(record: Record, out_dir: str | Path, *, overwrite: bool = True) -> Path:
+    """Write `record` as `<out_dir>/<record.name>.json` atomically; returns the path.
+
+    The text goes to a hidden temporary file (`.<name>.json.tmp-<random>`, which no loader reads)
+    and is fsynced, then renamed over the final name. With `overwrite=False` it is hard-linked
+    instead, so the first writer of a run wins and `FileExistsError` tells later ones.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / f"{record.name}{RECORD_SUFFIX}"
+    tmp = out / f".{record.name}{RECORD_SUFFIX}.tmp-{secrets.token_hex(4)}"
+    text = json.dumps(_clean(record.model_dump()), indent=1, allow_nan=False) + "\n"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            os.link(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(out)
+    return final
+
+
+def load_record(path: str | Path) -> Record:
+    """Read one record; a corrupt file or a newer schema is an `InputError` naming the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("record", f"no such file: {p}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(
+            "record", f"{p} is not a valid JSON record ({exc.__class__.__name__})"
+        ) from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise InputError("record", f"{p} is not a scalelab record (no schema_version)")
+    version = data["schema_version"]
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise InputError(
+            "record",
+            f"{p} has schema_version {version}, newer than this scalelab reads ({SCHEMA_VERSION}); "
+            "upgrade scalelab",
+        )
+    try:
+        return Record(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "record"
+        raise InputError("record", f"{p}: {where}: {err['msg']}") from None
+
+
+def record_paths(directory: str | Path, recursive: bool = True) -> list[Path]:
+    """The record files under `directory` (hidden and temporary files excluded), sorted."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError("records", f"no such folder: {d}")
+    pattern = f"**/*{RECORD_SUFFIX}" if recursive else f"*{RECORD_SUFFIX}"
+    return sorted(
+        p
+        for p in d.glob(pattern)
+        if not any(part.startswith(".") for part in p.relative_to(d).parts)
+    )
+
+
+def _flatten(prefix: str, value: Any, row: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, row)
+    elif isinstance(value, list):
+        row[prefix] = json.dumps(value)
+    else:
+        row[prefix] = value
+
+
+def record_row(record: Record, include_measurements: bool = False) -> dict[str, Any]:
+    """One flat row: nested fields become dotted columns (`summary.tokens_per_s.mean`)."""
+    data = record.model_dump()
+    if not include_measurements:
+        data.pop("measurements")
+    row: dict[str, Any] = {"path": None}
+    _flatten("", data, row)
+    return row
+
+
+def load_records(
+    directory: str | Path, *, recursive: bool = True, include_measurements: bool = False
+) -> pd.DataFrame:
+    """All records under `directory` as one DataFrame, one row per record.
+
+    Per-step arrays stay out unless `include_measurements` (then they are JSON strings).
+    """
+    import pandas as pd
+
+    rows = []
+    for path in record_paths(directory, recursive=recursive):
+        row = record_row(load_record(path), include_measurements=include_measurements)
+        row["path"] = str(path)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def export(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write a records DataFrame to `.parquet` or `.csv` (atomically, like the records)."""
+    p = Path(path)
+    if p.suffix not in (".parquet", ".csv"):
+        raise InputError("export", f"export to .parquet or .csv, not '{p.suffix or p.name}'")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        if p.suffix == ".parquet":
+            try:
+                df.to_parquet(tmp, index=False)
+            except ImportError:
+                raise InputError(
+                    "export", "Parquet needs pyarrow: pip install 'scalelab[measure]'"
+                ) from None
+        else:
+            df.to_csv(tmp, index=False)
+        os.replace(tmp, p)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return p
+
+
+def summarize(per_repeat: Iterable[dict[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
+    """Statistics across repeats for each metric (each repeat gives one value per metric)."""
+    repeats = list(per_repeat)
+    return {m: stats([r.get(m) for r in repeats]) for m in metrics}

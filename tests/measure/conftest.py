@@ -1,0 +1,69 @@
+"""Helpers for the harness tests: subprocess environment, torchrun launches, the reference run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+WORKER = Path(__file__).with_name("parity_worker.py")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment every child process gets: this checkout first, 1 thread, loopback gloo."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONWARNINGS="ignore",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+    )
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, cwd=ROOT, env=child_env(**extra), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def parity_results(nproc: int, cases: list[dict[str, Any]], steps: int = 3) -> dict[str, Any]:
+    """Run `cases` in one process group of `nproc` ranks; retried once (rare gloo teardown abort)."""
+    if nproc == 1:
+        cmd = [sys.executable, str(WORKER), json.dumps(cases), str(steps)]
+    else:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}", str(WORKER), json.dumps(cases), str(steps),
+        ]  # fmt: skip
+    last = None
+    for _ in range(2):
+        last = run(cmd, timeout=300)
+        for line in last.stdout.splitlines():
+            if line.startswith("PARITY "):
+                result: dict[str, Any] = json.loads(line[len("PARITY ") :])
+                return result
+    assert last is not None
+    raise AssertionError(f"no PARITY line (rc {last.returncode}):\n{last.stderr[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def parity() -> Callable[..., dict[str, Any]]:
+    """`parity(nproc, cases)`: each case's losses, local sequence length and local parameters."""
+    return parity_results
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict[str, Any]:
+    """The single-process run: the whole global batch of 8 in one micro-batch, fp32."""
+    return parity_results(1, [{"name": "reference", "micro_batch": 8}])["reference"]

@@ -1,0 +1,84 @@
+"""The PyTorch model matches its ModelSpec; initialisation is layout-independent; no torch at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalelab.measure.config import default_cluster_for_gpu, hardware_flops_per_token
+from scalelab.spec.catalog import load_model
+from scalelab.spec.model import ModelSpec
+
+torch = pytest.importorskip("torch")
+
+from scalelab.measure.model import build_model, canonical_name, materialize  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "llama2-7b", "llama2-70b", "llama3-8b"])
+def test_parameter_count_equals_the_spec(name: str) -> None:
+    spec = load_model(name)
+    model = build_model(spec, seq_len=64)  # meta: no memory even for 70B
+    assert sum(p.numel() for p in model.parameters()) == spec.n_params
+
+
+def test_forward_shapes_and_causality() -> None:
+    spec = load_model("llama-tiny")
+    model = build_model(spec, seq_len=16)
+    materialize(model, spec, seed=0, device=torch.device("cpu"))
+    tokens = torch.randint(0, spec.vocab_size, (2, 16))
+    logits = model(tokens)
+    assert logits.shape == (2, 16, spec.vocab_size)
+    changed = tokens.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % spec.vocab_size
+    later = model(changed)
+    assert torch.equal(logits[:, :10], later[:, :10]), "a token saw the future"
+    assert not torch.equal(logits[:, 10:], later[:, 10:])
+
+
+def test_initialisation_depends_on_names_not_on_wrapping() -> None:
+    spec = ModelSpec(
+        name="t", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, vocab_size=64, seq_len=8
+    )
+    a = build_model(spec, 8)
+    b = build_model(spec, 8)
+    del b.layers["0"]  # a pipeline stage without layer 0
+    materialize(a, spec, seed=3, device=torch.device("cpu"))
+    materialize(b, spec, seed=3, device=torch.device("cpu"))
+    pa = dict(a.named_parameters())
+    for fqn, p in b.named_parameters():
+        assert torch.equal(p, pa[fqn]), fqn
+    c = build_model(spec, 8)
+    materialize(c, spec, seed=4, device=torch.device("cpu"))
+    wq = "layers.1.attention.wq.weight"
+    assert not torch.equal(dict(c.named_parameters())[wq], pa[wq])
+    assert canonical_name("layers.3._checkpoint_wrapped_module._orig_mod.attention.wq.weight") == (
+        "layers.3.attention.wq.weight"
+    )
+
+
+def test_flops_conventions() -> None:
+    spec = load_model("llama2-7b")
+    mfu_flops = spec.model_flops_per_token(4096)
+    assert hardware_flops_per_token(spec, 4096, "none") == mfu_flops
+    assert hardware_flops_per_token(spec, 4096, "selective") == mfu_flops
+    extra = spec.n_layers * (2 * spec.layer_params + 4 * spec.d_model * 4096)
+    assert hardware_flops_per_token(spec, 4096, "full") == mfu_flops + extra
+    assert default_cluster_for_gpu("NVIDIA H200") == "h200-ib"
+    assert default_cluster_for_gpu("NVIDIA H100 80GB HBM3") == "h100-ib"
+    assert default_cluster_for_gpu("Tesla T4") is None
+
+
+def test_scalelab_imports_without_torch() -> None:
+    """`import scalelab`, the CLI (with bench registered) and results must not import torch."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        "import sys; import scalelab, scalelab.cli, scalelab.results, scalelab.measure, "
+        "scalelab.measure.config, scalelab.measure.launch, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
