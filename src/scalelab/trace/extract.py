@@ -1,0 +1,404 @@
+"""Turn a parsed trace into columnar numpy arrays of the activity the analysis needs.
+
+One pass over the events in Python (the only per-event loop in `trace/`) collects device
+activity, launch calls, profiler steps and collective annotations; everything after it is numpy.
+Timestamps are floored to whole microseconds (start = floor(ts), end = start + floor(dur)), the
+reference convention, which keeps all later arithmetic exact.
+
+Two kinds of trace come out of it:
+
+* **gpu** (the trace has kernels, memcpys or memsets): compute = kernels that are not NCCL/RCCL,
+  communication = NCCL/RCCL kernels, copy = memcpy/memset, across all devices and streams.
+* **cpu** (no device events, e.g. gloo): communication = the collectives executed on the host
+  (`gloo:*` events on gloo's worker threads); compute = host operators (`cpu_op`) on the other
+  threads, minus the time those threads spend inside collective calls (`c10d::*`,
+  `_c10d_functional::*` enqueues and waits), which are communication, not compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scalelab.errors import InputError
+from scalelab.trace import classify
+from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.load import RawTrace
+
+Mode = Literal["gpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The classified activity of one trace (one rank), ready for interval arithmetic."""
+
+    mode: Mode
+    compute: IntervalSet
+    comm: IntervalSet
+    copy: IntervalSet
+    # Every communication event: its start, end and collective (an index into classify.COLLECTIVES).
+    comm_start_us: Int64Array
+    comm_end_us: Int64Array
+    comm_collective: NDArray[np.int16]
+    # Every analysed event (gpu: device events; cpu: compute and collective events), for step windows.
+    activity_start_us: Int64Array
+    activity_end_us: Int64Array
+    # gpu: host time of the launch call of each device event (NaN where the trace does not link it).
+    activity_launch_ts: NDArray[np.float64]
+    # Host `ProfilerStep#N` annotations: numbers and [start, end) in floored microseconds.
+    step_numbers: Int64Array
+    step_start_us: Int64Array
+    step_end_us: Int64Array
+    n_events: int
+    n_lanes: int  # gpu: device streams with activity; cpu: threads that ran collectives
+    notes: tuple[str, ...] = ()
+
+
+def extract(raw: RawTrace) -> Timeline:
+    """Classify the events of one parsed trace; an InputError if it has no timed events."""
+    try:
+        return _extract(raw)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise _locate_bad_event(raw, exc) from None
+
+
+def _extract(raw: RawTrace) -> Timeline:
+    events = raw.events
+    device_categories = classify.DEVICE_CATEGORIES
+    runtime_categories = classify.RUNTIME_CATEGORIES
+    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
+    step_prefix = classify.PROFILER_STEP_PREFIX
+    host_coll_prefixes = classify.HOST_COLLECTIVE_PREFIXES
+    cpu_coll_prefixes = classify.CPU_COLLECTIVE_PREFIXES
+
+    dev_ts: list[Any] = []
+    dev_dur: list[Any] = []
+    dev_kind: list[int] = []
+    dev_corr: list[Any] = []
+    dev_lane: list[Any] = []
+    comm_index: list[int] = []
+    comm_args: list[Any] = []
+    comm_name: list[str] = []
+    rt_corr: list[Any] = []
+    rt_ts: list[Any] = []
+    rt_tid: list[Any] = []
+    steps: list[tuple[str, Any, Any]] = []
+    host_colls: list[tuple[Any, Any, Any, str]] = []
+    cpu_colls: list[tuple[Any, Any, Any, Any, str]] = []
+    kernel_kind: dict[str, int] = {}
+    n_timed = 0
+
+    for ev in events:
+        if ev.get("ph") != "X":
+            continue
+        n_timed += 1
+        cat = ev.get("cat")
+        kind = device_categories.get(cat, -1)
+        if kind != -1:
+            args = ev.get("args")
+            if kind is None:  # a kernel: classify by name, once per distinct name
+                name = ev.get("name", "")
+                kind = kernel_kind.get(name)
+                if kind is None:
+                    kind = classify.COMM if classify.is_comm_kernel(name) else classify.COMPUTE
+                    kernel_kind[name] = kind
+                if kind == classify.COMM:
+                    comm_index.append(len(dev_ts))
+                    comm_args.append(args)
+                    comm_name.append(name)
+            dev_ts.append(ev["ts"])
+            dev_dur.append(ev.get("dur", 0))
+            dev_kind.append(kind)
+            dev_corr.append(args.get("correlation", -1) if args else -1)
+            dev_lane.append((ev.get("pid"), ev.get("tid")))
+            continue
+        if cat in runtime_categories:
+            args = ev.get("args")
+            if args:
+                rt_corr.append(args.get("correlation", -1))
+                rt_ts.append(ev["ts"])
+                rt_tid.append(ev.get("tid"))
+            continue
+        name = ev.get("name")
+        if not isinstance(name, str):
+            continue
+        if name.startswith(step_prefix):
+            if cat != gpu_annotation:
+                steps.append((name, ev["ts"], ev.get("dur", 0)))
+        elif name.startswith(host_coll_prefixes):
+            if cat != gpu_annotation:
+                host_colls.append((ev.get("tid"), ev["ts"], ev.get("dur", 0), name))
+        elif name.startswith(cpu_coll_prefixes):
+            cpu_colls.append((ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), name))
+
+    if n_timed == 0:
+        raise InputError(
+            f"{raw.path}: traceEvents",
+            f"empty trace: none of its {len(events)} events is a timed ('ph': 'X') event",
+        )
+    step_numbers, step_start, step_end = _steps(steps)
+
+    if dev_ts:
+        start, end = _floor_times(dev_ts, dev_dur)
+        kind_arr = np.asarray(dev_kind, dtype=np.int8)
+        launch_ts, launch_row = _launch_calls(dev_corr, rt_corr, rt_ts)
+        comm_idx = np.asarray(comm_index, dtype=np.int64)
+        comm_tids = [rt_tid[r] if r >= 0 else None for r in launch_row[comm_idx].tolist()]
+        collectives = _device_collectives(
+            comm_name, comm_args, launch_ts[comm_idx], comm_tids, host_colls
+        )
+        is_compute = kind_arr == classify.COMPUTE
+        is_copy = kind_arr == classify.COPY
+        notes: list[str] = []
+        if comm_idx.size == 0:
+            notes.append("no NCCL/RCCL communication kernels: communication is zero")
+        return Timeline(
+            mode="gpu",
+            compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
+            comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
+            copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
+            comm_start_us=start[comm_idx],
+            comm_end_us=end[comm_idx],
+            comm_collective=collectives,
+            activity_start_us=start,
+            activity_end_us=end,
+            activity_launch_ts=launch_ts,
+            step_numbers=step_numbers,
+            step_start_us=step_start,
+            step_end_us=step_end,
+            n_events=len(events),
+            n_lanes=len(set(dev_lane)),
+            notes=tuple(notes),
+        )
+    return _cpu_timeline(raw, cpu_colls, step_numbers, step_start, step_end)
+
+
+def _cpu_timeline(
+    raw: RawTrace,
+    cpu_colls: list[tuple[Any, Any, Any, Any, str]],
+    step_numbers: Int64Array,
+    step_start: Int64Array,
+    step_end: Int64Array,
+) -> Timeline:
+    """A trace without device events: collectives and compute are host-side (see module doc)."""
+    cpu_op_categories = classify.CPU_OP_CATEGORIES
+    ops = [
+        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev.get("name", ""))
+        for ev in raw.events
+        if ev.get("ph") == "X" and ev.get("cat") in cpu_op_categories
+    ]
+    if not ops and not cpu_colls and step_numbers.size == 0:
+        raise InputError(
+            f"{raw.path}: traceEvents",
+            "empty trace: no device activity, host operators, collectives or profiler steps",
+        )
+    coll_lanes = {(pid, tid) for pid, tid, _, _, _ in cpu_colls}
+    host_ops = [op for op in ops if (op[0], op[1]) not in coll_lanes]
+    is_comm_op = np.fromiter(
+        (classify.is_cpu_comm_op(op[4]) for op in host_ops), dtype=bool, count=len(host_ops)
+    )
+    op_start, op_end = _floor_times([op[2] for op in host_ops], [op[3] for op in host_ops])
+    coll_start, coll_end = _floor_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
+    compute = IntervalSet.union_of(op_start[~is_comm_op], op_end[~is_comm_op]).difference(
+        IntervalSet.union_of(op_start[is_comm_op], op_end[is_comm_op])
+    )
+    index = _COLLECTIVE_INDEX
+    collectives = np.asarray(
+        [index[classify.collective_from_label(c[4]) or classify.OTHER] for c in cpu_colls],
+        dtype=np.int16,
+    )
+    notes = [
+        "cpu trace: communication = host collectives (gloo:*) on "
+        f"{len(coll_lanes)} worker thread(s); compute = host operators on the other threads "
+        "outside collective calls"
+    ]
+    if not cpu_colls:
+        notes.append("no host collectives (gloo:*): communication is zero")
+    return Timeline(
+        mode="cpu",
+        compute=compute,
+        comm=IntervalSet.union_of(coll_start, coll_end),
+        copy=IntervalSet.empty(),
+        comm_start_us=coll_start,
+        comm_end_us=coll_end,
+        comm_collective=collectives,
+        activity_start_us=np.concatenate([op_start, coll_start]),
+        activity_end_us=np.concatenate([op_end, coll_end]),
+        activity_launch_ts=np.full(op_start.size + coll_start.size, np.nan),
+        step_numbers=step_numbers,
+        step_start_us=step_start,
+        step_end_us=step_end,
+        n_events=len(raw.events),
+        n_lanes=len(coll_lanes),
+        notes=tuple(notes),
+    )
+
+
+_COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
+
+
+def _floor_times(ts: list[Any], dur: list[Any]) -> tuple[Int64Array, Int64Array]:
+    """start = floor(ts), end = start + floor(dur) in integer microseconds; bad durations are 0."""
+    ts_arr = np.asarray(ts, dtype=np.float64)
+    if not np.isfinite(ts_arr).all():
+        raise ValueError("a timestamp is not a finite number")
+    dur_arr = np.floor(np.asarray(dur, dtype=np.float64))
+    dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
+    start = np.floor(ts_arr).astype(np.int64)
+    return start, start + dur_arr.astype(np.int64)
+
+
+def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """Host `ProfilerStep#N` windows, sorted and made disjoint (a step starts after the last ends)."""
+    numbered = []
+    for name, ts, dur in steps:
+        try:
+            numbered.append((int(name[len(classify.PROFILER_STEP_PREFIX) :]), ts, dur))
+        except ValueError:
+            continue
+    if not numbered:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    start, end = _floor_times([s[1] for s in numbered], [s[2] for s in numbered])
+    numbers = np.asarray([s[0] for s in numbered], dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    numbers, start, end = numbers[order], start[order], end[order]
+    previous_end = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]])
+    start = np.maximum(start, previous_end)
+    end = np.maximum(end, start)
+    return numbers, start, end
+
+
+def _launch_calls(
+    dev_corr: list[Any], rt_corr: list[Any], rt_ts: list[Any]
+) -> tuple[NDArray[np.float64], Int64Array]:
+    """For each device event, the host time and row of the launch call with the same correlation."""
+    n = len(dev_corr)
+    not_found = (np.full(n, np.nan), np.full(n, -1, dtype=np.int64))
+    if not rt_corr:
+        return not_found
+    try:
+        dc = np.asarray(dev_corr, dtype=np.int64)
+        rc = np.asarray(rt_corr, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return not_found  # correlation ids that are not integers: no links, steps fall back
+    rts = np.asarray(rt_ts, dtype=np.float64)
+    order = np.argsort(rc, kind="stable")
+    rc_sorted = rc[order]
+    pos = np.minimum(np.searchsorted(rc_sorted, dc), rc.size - 1)
+    found = (rc_sorted[pos] == dc) & (dc >= 0)
+    row = np.where(found, order[pos], -1)
+    return np.where(found, rts[np.maximum(row, 0)], np.nan), row
+
+
+def _device_collectives(
+    names: list[str],
+    args: list[Any],
+    launch_ts: NDArray[np.float64],
+    launch_tids: list[Any],
+    host_colls: list[tuple[Any, Any, Any, str]],
+) -> NDArray[np.int16]:
+    """The collective of each communication kernel, from the best evidence the trace has.
+
+    1. the kernel's own `Collective name` arg (recent PyTorch);
+    2. the host annotation (`nccl:all_to_all`, ...) that encloses its launch call on the same
+       thread: the only way to tell an all-to-all, which NCCL runs as SendRecv kernels;
+    3. the collective in the kernel name (`ncclKernel_AllReduce_...`);
+    4. Other.
+    """
+    index = _COLLECTIVE_INDEX
+    result = np.full(len(names), index[classify.OTHER], dtype=np.int16)
+    unresolved: list[int] = []
+    for i, a in enumerate(args):
+        label = a.get("Collective name") if isinstance(a, dict) else None
+        found = classify.collective_from_label(label) if isinstance(label, str) else None
+        if found is None:
+            unresolved.append(i)
+        else:
+            result[i] = index[found]
+    if unresolved and host_colls:
+        unresolved = _collectives_from_annotations(
+            result, unresolved, launch_ts, launch_tids, host_colls
+        )
+    by_name: dict[str, int] = {}
+    for i in unresolved:
+        name = names[i]
+        code = by_name.get(name)
+        if code is None:
+            code = index[classify.collective_from_kernel(name) or classify.OTHER]
+            by_name[name] = code
+        result[i] = code
+    return result
+
+
+def _collectives_from_annotations(
+    result: NDArray[np.int16],
+    unresolved: list[int],
+    launch_ts: NDArray[np.float64],
+    launch_tids: list[Any],
+    host_colls: list[tuple[Any, Any, Any, str]],
+) -> list[int]:
+    """Fill `result` from enclosing host annotations; return the indices still unresolved."""
+    by_tid: dict[Any, list[tuple[float, float, int]]] = {}
+    for tid, ts, dur, name in host_colls:
+        found = classify.collective_from_label(name)
+        if found is not None:
+            start = float(ts)
+            by_tid.setdefault(tid, []).append(
+                (start, start + float(dur or 0), _COLLECTIVE_INDEX[found])
+            )
+    still: list[int] = []
+    wanted: dict[Any, list[int]] = {}
+    for i in unresolved:
+        tid = launch_tids[i]
+        if tid in by_tid:
+            wanted.setdefault(tid, []).append(i)
+        else:
+            still.append(i)
+    for tid, rows in wanted.items():
+        spans = sorted(by_tid[tid])
+        starts = np.asarray([s[0] for s in spans])
+        ends = np.asarray([s[1] for s in spans])
+        codes = np.asarray([s[2] for s in spans], dtype=np.int16)
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        t = launch_ts[rows_arr]
+        k = np.searchsorted(starts, t, side="right") - 1
+        inside = (k >= 0) & (t <= ends[np.maximum(k, 0)])
+        result[rows_arr[inside]] = codes[k[inside]]
+        still.extend(rows_arr[~inside].tolist())
+    return still
+
+
+def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
+    """Find the first malformed event to name it; a slow pass, run only after a failure."""
+    where = f"{raw.path}: traceEvents"
+    for i, ev in enumerate(raw.events):
+        if not isinstance(ev, dict):
+            return InputError(
+                f"{where}[{i}]", f"an event must be a JSON object, not {type(ev).__name__}"
+            )
+        if ev.get("ph") != "X":
+            continue
+        for key, types, required in (
+            ("ts", (int, float), True),
+            ("dur", (int, float), False),
+            ("name", (str,), False),
+            ("cat", (str,), False),
+            ("args", (dict,), False),
+        ):
+            value = ev.get(key)
+            if value is None and not required:
+                continue
+            bad_number = key in ("ts", "dur") and (
+                isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value))
+            )
+            if not isinstance(value, types) or bad_number:
+                allowed = " or ".join(t.__name__ for t in types).replace("int or float", "a number")
+                return InputError(f"{where}[{i}].{key}", f"must be {allowed}, not {value!r:.40}")
+    return InputError(where, f"malformed trace ({' '.join(str(exc).split())})")
