@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_VERB_MODULES = ("catalogs",)
+_VERB_MODULES = ("catalogs", "trace")
 
 
 def _register_all() -> None:
