@@ -16,14 +16,8 @@ COPY: Final = 2  # memcpy / memset: neither compute nor communication
 
 # Chrome-trace categories of device events, as written by Kineto since PyTorch 1.8 (upper-case ones
 # are the 1.8/1.9 spellings). Kernels are classified by name; copies and sets are always COPY.
-DEVICE_CATEGORIES: Final[dict[str, int | None]] = {
-    "kernel": None,
-    "Kernel": None,
-    "gpu_memcpy": COPY,
-    "Memcpy": COPY,
-    "gpu_memset": COPY,
-    "Memset": COPY,
-}
+KERNEL_CATEGORIES: Final = frozenset({"kernel", "Kernel"})
+COPY_CATEGORIES: Final = frozenset({"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"})
 # Host-side launch calls whose `correlation` arg links them to the device event they launched.
 RUNTIME_CATEGORIES: Final = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
 # Host operators (the CPU-trace notion of compute).

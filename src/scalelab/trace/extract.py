@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -70,113 +71,149 @@ def extract(raw: RawTrace) -> Timeline:
 
 def _extract(raw: RawTrace) -> Timeline:
     events = raw.events
-    device_categories = classify.DEVICE_CATEGORIES
+    kernel_categories = classify.KERNEL_CATEGORIES
+    copy_categories = classify.COPY_CATEGORIES
     runtime_categories = classify.RUNTIME_CATEGORIES
-    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
-    step_prefix = classify.PROFILER_STEP_PREFIX
-    host_coll_prefixes = classify.HOST_COLLECTIVE_PREFIXES
-    cpu_coll_prefixes = classify.CPU_COLLECTIVE_PREFIXES
+    named_prefixes = (
+        classify.PROFILER_STEP_PREFIX,
+        *classify.HOST_COLLECTIVE_PREFIXES,
+        *classify.CPU_COLLECTIVE_PREFIXES,
+    )
 
-    dev_ts: list[Any] = []
-    dev_dur: list[Any] = []
-    dev_kind: list[int] = []
-    dev_corr: list[Any] = []
-    dev_lane: list[Any] = []
-    comm_index: list[int] = []
-    comm_args: list[Any] = []
-    comm_name: list[str] = []
-    rt_corr: list[Any] = []
-    rt_ts: list[Any] = []
-    rt_tid: list[Any] = []
-    steps: list[tuple[str, Any, Any]] = []
-    host_colls: list[tuple[Any, Any, Any, str]] = []
-    cpu_colls: list[tuple[Any, Any, Any, Any, str]] = []
-    kernel_kind: dict[str, int] = {}
-    n_timed = 0
-
+    # The hot loop only sorts events into buckets by category (Kineto writes device events and
+    # launch calls as complete 'X' events only); fields are pulled out per bucket afterwards with
+    # C-level map/itemgetter, much faster than reading them here event by event.
+    kernels: list[dict[str, Any]] = []
+    copies: list[dict[str, Any]] = []
+    runtime: list[dict[str, Any]] = []
+    named: list[dict[str, Any]] = []
     for ev in events:
-        if ev.get("ph") != "X":
-            continue
-        n_timed += 1
         cat = ev.get("cat")
-        kind = device_categories.get(cat, -1)
-        if kind != -1:
-            args = ev.get("args")
-            if kind is None:  # a kernel: classify by name, once per distinct name
-                name = ev.get("name", "")
-                kind = kernel_kind.get(name)
-                if kind is None:
-                    kind = classify.COMM if classify.is_comm_kernel(name) else classify.COMPUTE
-                    kernel_kind[name] = kind
-                if kind == classify.COMM:
-                    comm_index.append(len(dev_ts))
-                    comm_args.append(args)
-                    comm_name.append(name)
-            dev_ts.append(ev["ts"])
-            dev_dur.append(ev.get("dur", 0))
-            dev_kind.append(kind)
-            dev_corr.append(args.get("correlation", -1) if args else -1)
-            dev_lane.append((ev.get("pid"), ev.get("tid")))
-            continue
-        if cat in runtime_categories:
-            args = ev.get("args")
-            if args:
-                rt_corr.append(args.get("correlation", -1))
-                rt_ts.append(ev["ts"])
-                rt_tid.append(ev.get("tid"))
-            continue
-        name = ev.get("name")
-        if not isinstance(name, str):
-            continue
-        if name.startswith(step_prefix):
-            if cat != gpu_annotation:
-                steps.append((name, ev["ts"], ev.get("dur", 0)))
-        elif name.startswith(host_coll_prefixes):
-            if cat != gpu_annotation:
-                host_colls.append((ev.get("tid"), ev["ts"], ev.get("dur", 0), name))
-        elif name.startswith(cpu_coll_prefixes):
-            cpu_colls.append((ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), name))
+        if cat in kernel_categories:
+            kernels.append(ev)
+        elif cat in copy_categories:
+            copies.append(ev)
+        elif cat in runtime_categories:
+            runtime.append(ev)
+        else:
+            name = ev.get("name")
+            if name.__class__ is str and name.startswith(named_prefixes):
+                named.append(ev)
 
-    if n_timed == 0:
-        raise InputError(
-            f"{raw.path}: traceEvents",
-            f"empty trace: none of its {len(events)} events is a timed ('ph': 'X') event",
-        )
+    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
+    named = [ev for ev in named if ev.get("ph") == "X"]
+    steps = [
+        (ev["name"], ev["ts"], ev.get("dur", 0))
+        for ev in named
+        if ev["name"].startswith(classify.PROFILER_STEP_PREFIX) and ev.get("cat") != gpu_annotation
+    ]
+    host_colls = [
+        (ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.HOST_COLLECTIVE_PREFIXES)
+        and ev.get("cat") != gpu_annotation
+    ]
+    cpu_colls = [
+        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
+    ]
     step_numbers, step_start, step_end = _steps(steps)
+    if not kernels and not copies:
+        return _cpu_timeline(raw, cpu_colls, step_numbers, step_start, step_end)
 
-    if dev_ts:
-        start, end = _floor_times(dev_ts, dev_dur)
-        kind_arr = np.asarray(dev_kind, dtype=np.int8)
-        launch_ts, launch_row = _launch_calls(dev_corr, rt_corr, rt_ts)
-        comm_idx = np.asarray(comm_index, dtype=np.int64)
-        comm_tids = [rt_tid[r] if r >= 0 else None for r in launch_row[comm_idx].tolist()]
-        collectives = _device_collectives(
-            comm_name, comm_args, launch_ts[comm_idx], comm_tids, host_colls
+    device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
+    start, end = _floor_times(_numbers(device, "ts"), _numbers(device, "dur"))
+    names = _column(kernels, "name", "")
+    kind_of = {  # kernels are classified by name, once per distinct name
+        name: classify.COMM
+        if isinstance(name, str) and classify.is_comm_kernel(name)
+        else classify.COMPUTE
+        for name in set(names)
+    }
+    kind = np.full(len(device), classify.COPY, dtype=np.int8)
+    kind[: len(kernels)] = np.fromiter(map(kind_of.__getitem__, names), np.int8, len(kernels))
+    comm_idx = np.flatnonzero(kind == classify.COMM)
+
+    launch_ts, launch_row = _launch_calls(_correlations(device), _correlations(runtime), runtime)
+    comm_list = comm_idx.tolist()
+    comm_tids = [runtime[r].get("tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()]
+    collectives = _device_collectives(
+        [str(names[i]) for i in comm_list],
+        [device[i].get("args") for i in comm_list],
+        launch_ts[comm_idx],
+        comm_tids,
+        host_colls,
+    )
+    is_compute = kind == classify.COMPUTE
+    is_copy = kind == classify.COPY
+    notes: list[str] = []
+    if comm_idx.size == 0:
+        notes.append("no NCCL/RCCL communication kernels: communication is zero")
+    return Timeline(
+        mode="gpu",
+        compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
+        comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
+        copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
+        comm_start_us=start[comm_idx],
+        comm_end_us=end[comm_idx],
+        comm_collective=collectives,
+        activity_start_us=start,
+        activity_end_us=end,
+        activity_launch_ts=launch_ts,
+        step_numbers=step_numbers,
+        step_start_us=step_start,
+        step_end_us=step_end,
+        n_events=len(events),
+        n_lanes=_count_lanes(device),
+        notes=tuple(notes),
+    )
+
+
+def _count_lanes(device: list[dict[str, Any]]) -> int:
+    """Distinct (device, stream) pairs: Kineto writes a device event's pid = device, tid = stream."""
+    try:
+        if len(set(map(itemgetter("pid"), device))) == 1:  # one device: count its streams, cheaply
+            return len(set(map(itemgetter("tid"), device)))
+        return len(set(map(itemgetter("pid", "tid"), device)))
+    except (KeyError, TypeError):
+        lanes = {
+            (ev.get("pid"), ev.get("tid")) for ev in device if isinstance(ev.get("tid"), (int, str))
+        }
+        return len(lanes)
+
+
+def _column(events: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
+    """One field of every event; the C-level fast path unless some event lacks it."""
+    try:
+        return list(map(itemgetter(key), events))
+    except KeyError:
+        return [ev.get(key, default) for ev in events]
+
+
+def _numbers(events: list[dict[str, Any]], key: str) -> NDArray[np.float64]:
+    """A numeric field as float64 (NaN where absent); a required `ts` raises KeyError if absent."""
+    try:
+        return np.fromiter(map(itemgetter(key), events), np.float64, len(events))
+    except KeyError:
+        if key == "ts":
+            raise
+        return np.asarray([ev.get(key, np.nan) for ev in events], dtype=np.float64)
+
+
+def _correlations(events: list[dict[str, Any]]) -> Int64Array:
+    """`args.correlation` of every event, -1 where absent or not an integer."""
+    try:
+        return np.fromiter(
+            map(itemgetter("correlation"), map(itemgetter("args"), events)), np.int64, len(events)
         )
-        is_compute = kind_arr == classify.COMPUTE
-        is_copy = kind_arr == classify.COPY
-        notes: list[str] = []
-        if comm_idx.size == 0:
-            notes.append("no NCCL/RCCL communication kernels: communication is zero")
-        return Timeline(
-            mode="gpu",
-            compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
-            comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
-            copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
-            comm_start_us=start[comm_idx],
-            comm_end_us=end[comm_idx],
-            comm_collective=collectives,
-            activity_start_us=start,
-            activity_end_us=end,
-            activity_launch_ts=launch_ts,
-            step_numbers=step_numbers,
-            step_start_us=step_start,
-            step_end_us=step_end,
-            n_events=len(events),
-            n_lanes=len(set(dev_lane)),
-            notes=tuple(notes),
-        )
-    return _cpu_timeline(raw, cpu_colls, step_numbers, step_start, step_end)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        values = []
+        for ev in events:
+            args = ev.get("args")
+            value = args.get("correlation", -1) if isinstance(args, dict) else -1
+            values.append(value if isinstance(value, int) and not isinstance(value, bool) else -1)
+        return np.asarray(values, dtype=np.int64)
 
 
 def _cpu_timeline(
@@ -243,7 +280,7 @@ def _cpu_timeline(
 _COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-def _floor_times(ts: list[Any], dur: list[Any]) -> tuple[Int64Array, Int64Array]:
+def _floor_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
     """start = floor(ts), end = start + floor(dur) in integer microseconds; bad durations are 0."""
     ts_arr = np.asarray(ts, dtype=np.float64)
     if not np.isfinite(ts_arr).all():
@@ -276,25 +313,20 @@ def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, I
 
 
 def _launch_calls(
-    dev_corr: list[Any], rt_corr: list[Any], rt_ts: list[Any]
+    dev_corr: Int64Array, rt_corr: Int64Array, runtime: list[dict[str, Any]]
 ) -> tuple[NDArray[np.float64], Int64Array]:
-    """For each device event, the host time and row of the launch call with the same correlation."""
-    n = len(dev_corr)
-    not_found = (np.full(n, np.nan), np.full(n, -1, dtype=np.int64))
-    if not rt_corr:
-        return not_found
-    try:
-        dc = np.asarray(dev_corr, dtype=np.int64)
-        rc = np.asarray(rt_corr, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return not_found  # correlation ids that are not integers: no links, steps fall back
-    rts = np.asarray(rt_ts, dtype=np.float64)
-    order = np.argsort(rc, kind="stable")
-    rc_sorted = rc[order]
-    pos = np.minimum(np.searchsorted(rc_sorted, dc), rc.size - 1)
-    found = (rc_sorted[pos] == dc) & (dc >= 0)
+    """For each device event, the host time and row of the launch call with the same correlation
+    (NaN and -1 where there is none)."""
+    n = dev_corr.size
+    if rt_corr.size == 0:
+        return np.full(n, np.nan), np.full(n, -1, dtype=np.int64)
+    order = np.argsort(rt_corr, kind="stable")
+    rc_sorted = rt_corr[order]
+    pos = np.minimum(np.searchsorted(rc_sorted, dev_corr), rt_corr.size - 1)
+    found = (rc_sorted[pos] == dev_corr) & (dev_corr >= 0)
     row = np.where(found, order[pos], -1)
-    return np.where(found, rts[np.maximum(row, 0)], np.nan), row
+    rt_ts = _numbers(runtime, "ts")
+    return np.where(found, rt_ts[np.maximum(row, 0)], np.nan), row
 
 
 def _device_collectives(
