@@ -1,0 +1,156 @@
+"""How fast is `scalelab trace` against Holistic Trace Analysis on the same large trace?
+
+Builds synthetic Kineto traces (`scalelab.trace.synthetic`: host steps, launches, compute kernels
+on several streams, NCCL kernels on their own streams, copies) of at least a million events, then
+times, on the same files:
+
+* scalelab: `scalelab.trace.analyze(files)` in this interpreter (parse + analysis), best of N;
+* HTA: `TraceAnalysis(trace_dir).get_comm_comp_overlap()` in HTA's own environment (a separate
+  venv, `--hta-python`, default /work/venv-hta/bin/python), run as a subprocess, parse + analysis
+  timed inside it (interpreter start and imports excluded on both sides).
+
+It prints events, seconds each, the speed-up, and both tools' overlap percentages, which must be
+equal. Without HTA it says so and times scalelab alone. Record results in docs/benchmarks.md.
+
+    PYTHONPATH=src python benchmarks/trace_speed.py [--events 1000000] [--ranks 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scalelab.trace import analyze
+from scalelab.trace.synthetic import write_synthetic_trace
+
+DEFAULT_HTA_PYTHON = os.environ.get("SCALELAB_HTA_PYTHON", "/work/venv-hta/bin/python")
+
+# Run inside HTA's venv: parse the folder and compute the overlap, timed without the imports.
+_HTA_SCRIPT = r"""
+import json, logging, sys, time, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+from importlib.metadata import version
+t0 = time.perf_counter()
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+overlap = analysis.get_comm_comp_overlap(visualize=False)
+seconds = time.perf_counter() - t0
+print(json.dumps({
+    "seconds": seconds,
+    "version": version("HolisticTraceAnalysis"),
+    "overlap_pct": {str(int(r)): float(p) for r, p in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"])},
+}))
+"""
+
+
+def make_traces(folder: Path, n_events: int, n_ranks: int) -> tuple[list[Path], int]:
+    """Write (or reuse) one synthetic trace per rank; return the files and the total events."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files, total = [], 0
+    for rank in range(n_ranks):
+        path = folder / f"synthetic-rank{rank}.json"
+        stamp = folder / f".synthetic-rank{rank}.events"
+        if path.exists() and stamp.exists():
+            total += int(stamp.read_text())
+        else:
+            count = write_synthetic_trace(path, n_events=n_events, rank=rank, world_size=n_ranks)
+            stamp.write_text(str(count))
+            total += count
+        files.append(path)
+    return files, total
+
+
+def time_scalelab(files: list[Path], repeat: int) -> tuple[float, dict[str, float | None]]:
+    best = float("inf")
+    overlap: dict[str, float | None] = {}
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        report = analyze(files)
+        best = min(best, time.perf_counter() - t0)
+        overlap = {
+            str(r.rank): None if r.total.overlap_pct is None else round(r.total.overlap_pct, 2)
+            for r in report.ranks
+        }
+    return best, overlap
+
+
+def time_hta(folder: Path, python: str, repeat: int, timeout_s: float) -> dict[str, object] | str:
+    """HTA's figures, or a sentence saying why there are none."""
+    if not Path(python).exists():
+        return f"HTA skipped: no interpreter at {python} (see --hta-python)"
+    best: dict[str, object] | None = None
+    for _ in range(repeat):
+        try:
+            done = subprocess.run(
+                [python, "-c", _HTA_SCRIPT, str(folder)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"HTA skipped: it ran past {timeout_s:.0f} s"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"HTA skipped: it failed ({last})"
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        if best is None or result["seconds"] < best["seconds"]:  # type: ignore[operator]
+            best = result
+    assert best is not None
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events per rank")
+    parser.add_argument("--ranks", type=int, default=1, help="trace files (one per rank)")
+    parser.add_argument("--repeat", type=int, default=3, help="scalelab runs (best is kept)")
+    parser.add_argument("--hta-repeat", type=int, default=1, help="HTA runs (best is kept)")
+    parser.add_argument("--hta-python", default=DEFAULT_HTA_PYTHON)
+    parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds per HTA run")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the traces are kept")
+    args = parser.parse_args()
+
+    folder = (
+        args.workdir
+        or Path(tempfile.gettempdir()) / f"scalelab-trace-speed-{args.events}x{args.ranks}"
+    )
+    files, n_events = make_traces(folder, args.events, args.ranks)
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"traces: {len(files)} file(s), {n_events:,} events, {size_mb:,.0f} MB of JSON in {folder}"
+    )
+
+    scalelab_s, scalelab_overlap = time_scalelab(files, args.repeat)
+    print(f"scalelab: {scalelab_s:.2f} s (best of {args.repeat}), overlap % {scalelab_overlap}")
+    print(f"scalelab: {n_events / scalelab_s / 1e6:.2f} M events/s")
+
+    hta = time_hta(folder, args.hta_python, args.hta_repeat, args.hta_timeout)
+    if isinstance(hta, str):
+        print(hta)
+        return
+    hta_s = float(hta["seconds"])  # type: ignore[arg-type]
+    hta_overlap = hta["overlap_pct"]
+    print(
+        f"HTA {hta['version']}: {hta_s:.2f} s (best of {args.hta_repeat}), overlap % {hta_overlap}"
+    )
+    print(f"speed-up: {hta_s / scalelab_s:.1f}x")
+    same = hta_overlap == scalelab_overlap
+    print(f"same overlap percentages: {'yes' if same else 'NO'}")
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
