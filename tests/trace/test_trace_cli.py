@@ -120,13 +120,17 @@ def _truncated_gzip(tmp_path: Path) -> Path:
             json.dumps(
                 {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1}]}
             ).encode(),
-            ("traceEvents[0].ts", "must be a number"),
+            ("traceEvents[0].ts", "must be a finite number"),
         ),
         (
             json.dumps(
                 {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "dur": 1}]}
             ).encode(),
             ("traceEvents[0].ts",),
+        ),
+        (
+            json.dumps({"traceEvents": [{"cat": "kernel", "name": "k", "dur": 1}]}).encode(),
+            ("traceEvents[0].ts",),  # a device event is read even without 'ph'
         ),
         (gzip.compress(b"this is not json"), ("not valid JSON",)),
         (b"\x1f\x8b\x08\x00garbage-after-a-gzip-magic", ("gzip",)),

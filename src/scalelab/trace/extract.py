@@ -1,7 +1,8 @@
 """Turn a parsed trace into columnar numpy arrays of the activity the analysis needs.
 
-One pass over the events in Python (the only per-event loop in `trace/`) collects device
-activity, launch calls, profiler steps and collective annotations; everything after it is numpy.
+One pass over the events in Python sorts out device activity, launch calls, profiler steps and
+collective annotations (CPU traces take a second pass for host operators); fields are then pulled
+out with C-level iteration and everything after that is numpy.
 Timestamps are floored to whole microseconds (start = floor(ts), end = start + floor(dur)), the
 reference convention, which keeps all later arithmetic exact.
 
@@ -407,6 +408,26 @@ def _collectives_from_annotations(
     return still
 
 
+# The fields the analysis reads from an event: type, what to call it, required.
+_EVENT_FIELDS: tuple[tuple[str, tuple[type, ...], str, bool], ...] = (
+    ("ts", (int, float), "a finite number (microseconds)", True),
+    ("dur", (int, float), "a finite number (microseconds)", False),
+    ("name", (str,), "a string", False),
+    ("cat", (str,), "a string", False),
+    ("args", (dict,), "a JSON object", False),
+)
+
+
+def _is_device_or_launch(cat: Any) -> bool:
+    try:
+        return (
+            cat
+            in classify.KERNEL_CATEGORIES | classify.COPY_CATEGORIES | classify.RUNTIME_CATEGORIES
+        )
+    except TypeError:  # an unhashable category
+        return True
+
+
 def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
     """Find the first malformed event to name it; a slow pass, run only after a failure."""
     where = f"{raw.path}: traceEvents"
@@ -415,15 +436,9 @@ def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
             return InputError(
                 f"{where}[{i}]", f"an event must be a JSON object, not {type(ev).__name__}"
             )
-        if ev.get("ph") != "X":
+        if ev.get("ph") != "X" and not _is_device_or_launch(ev.get("cat")):
             continue
-        for key, types, required in (
-            ("ts", (int, float), True),
-            ("dur", (int, float), False),
-            ("name", (str,), False),
-            ("cat", (str,), False),
-            ("args", (dict,), False),
-        ):
+        for key, types, what, required in _EVENT_FIELDS:
             value = ev.get(key)
             if value is None and not required:
                 continue
@@ -431,6 +446,5 @@ def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
                 isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value))
             )
             if not isinstance(value, types) or bad_number:
-                allowed = " or ".join(t.__name__ for t in types).replace("int or float", "a number")
-                return InputError(f"{where}[{i}].{key}", f"must be {allowed}, not {value!r:.40}")
+                return InputError(f"{where}[{i}].{key}", f"must be {what}, not {value!r:.40}")
     return InputError(where, f"malformed trace ({' '.join(str(exc).split())})")
