@@ -12,6 +12,7 @@ import pytest
 from trace_helpers import TRACES, real
 
 from scalelab.trace import Breakdown, analyze
+from scalelab.trace.load import Parser, read_trace, typed_parser_available
 from scalelab.trace.report import TIME_FIELDS
 
 # file: (comm µs, overlap µs, exposed µs, overlap %), from the reference table.
@@ -34,10 +35,12 @@ def test_the_project_holds_all_ten_traces() -> None:
     assert (TRACES / "LICENSE-HTA").is_file()
 
 
+@pytest.mark.parametrize("parser", ["auto", "general"])
 @pytest.mark.parametrize("name", sorted(REFERENCE))
-def test_whole_trace_numbers_match_the_reference_table(name: str) -> None:
+def test_whole_trace_numbers_match_the_reference_table(name: str, parser: Parser) -> None:
+    """Both parsers: the typed fast path (msgspec, where installed) and the general one (orjson)."""
     comm, overlap, exposed, pct = REFERENCE[name]
-    total = real(name).total
+    total = real(name, parser).total
     assert (total.comm_us, total.overlap_us, total.exposed_comm_us) == (comm, overlap, exposed)
     if pct is None:
         assert total.overlap_pct is None
@@ -101,6 +104,17 @@ def test_each_step_matches_a_naive_microsecond_count(name: str) -> None:
             name, step.start_us, step.start_us + step.wall_us
         )
         assert (step.comm_us, step.compute_us, step.exposed_comm_us) == (comm, compute, exposed)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_both_parsers_give_the_same_report(name: str) -> None:
+    assert real(name, "auto").to_dict() == real(name, "general").to_dict()
+
+
+@pytest.mark.skipif(not typed_parser_available(), reason="msgspec is not installed")
+def test_gpu_traces_take_the_typed_fast_path() -> None:
+    assert read_trace(TRACES / "v100-ddp-rank1-of-2.json.gz").typed
+    assert not read_trace(TRACES / "v100-ddp-rank1-of-2.json.gz", parser="general").typed
 
 
 def test_v100_steps_and_allreduce_count() -> None:

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.trace import RankReport, analyze_file
+from scalelab.trace.load import Parser
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 
 @functools.cache
-def real(name: str) -> RankReport:
-    """The analysis of one real trace, computed once per test session."""
-    return analyze_file(TRACES / name)
+def real(name: str, parser: Parser = "auto") -> RankReport:
+    """The analysis of one real trace, computed once per test session and parser."""
+    return analyze_file(TRACES / name, parser=parser)
 
 
 def write_trace(path: Path, events: list[dict[str, Any]], **metadata: Any) -> Path:

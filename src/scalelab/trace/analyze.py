@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from scalelab.trace.classify import COLLECTIVES
-from scalelab.trace.extract import Timeline, extract
+from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
 from scalelab.trace.intervals import Int64Array, IntervalSet
-from scalelab.trace.load import find_trace_files, read_trace
+from scalelab.trace.load import Parser, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
     CollectiveStats,
@@ -25,22 +25,28 @@ from scalelab.trace.steps import step_windows
 
 
 def analyze(
-    paths: str | Path | Iterable[str | Path], *, keep_intervals: bool = False
+    paths: str | Path | Iterable[str | Path],
+    *,
+    keep_intervals: bool = False,
+    parser: Parser = "auto",
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
     Raises `InputError` (one line naming the file and what is wrong) for anything unreadable.
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
+    `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
-    ranks = [analyze_file(f, keep_intervals=keep_intervals) for f in files]
+    ranks = [analyze_file(f, keep_intervals=keep_intervals, parser=parser) for f in files]
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
     return TraceReport(ranks=ranks, summary=summarise(ranks))
 
 
-def analyze_file(path: str | Path, *, keep_intervals: bool = False) -> RankReport:
+def analyze_file(
+    path: str | Path, *, keep_intervals: bool = False, parser: Parser = "auto"
+) -> RankReport:
     """Analyse one trace file."""
     # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
     # would rescan them again and again while they are made (3-4x slower), and they hold no
@@ -48,8 +54,12 @@ def analyze_file(path: str | Path, *, keep_intervals: bool = False) -> RankRepor
     paused = gc.isenabled()
     gc.disable()
     try:
-        raw = read_trace(path)
-        timeline = extract(raw)
+        raw = read_trace(path, parser=parser)
+        try:
+            timeline = extract(raw)
+        except NeedsGeneralParserError:
+            raw = read_trace(path, parser="general")
+            timeline = extract(raw)
         rank, world_size = raw.rank, raw.world_size
         del raw  # the parsed events are by far the largest object: free them before measuring
     finally:

@@ -19,8 +19,9 @@ Two kinds of trace come out of it:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -60,13 +61,21 @@ class Timeline:
     notes: tuple[str, ...] = ()
 
 
+class NeedsGeneralParserError(Exception):
+    """The typed fast-path events cannot express this trace (a CPU trace, or fields of unexpected
+    types): re-read it with `read_trace(path, parser="general")`."""
+
+
 def extract(raw: RawTrace) -> Timeline:
-    """Classify the events of one parsed trace; an InputError if it has no timed events."""
+    """Classify the events of one parsed trace; an InputError if it has no activity, and
+    NeedsGeneralParserError if typed events do not suffice (see there)."""
     try:
         return _extract(raw)
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, InputError):
             raise
+        if raw.typed:
+            raise NeedsGeneralParserError(str(exc)) from None
         raise _locate_bad_event(raw, exc) from None
 
 
@@ -83,23 +92,45 @@ def _extract(raw: RawTrace) -> Timeline:
 
     # The hot loop only sorts events into buckets by category (Kineto writes device events and
     # launch calls as complete 'X' events only); fields are pulled out per bucket afterwards with
-    # C-level map/itemgetter, much faster than reading them here event by event.
-    kernels: list[dict[str, Any]] = []
-    copies: list[dict[str, Any]] = []
-    runtime: list[dict[str, Any]] = []
-    named: list[dict[str, Any]] = []
-    for ev in events:
-        cat = ev.get("cat")
-        if cat in kernel_categories:
-            kernels.append(ev)
-        elif cat in copy_categories:
-            copies.append(ev)
-        elif cat in runtime_categories:
-            runtime.append(ev)
-        else:
-            name = ev.get("name")
-            if name.__class__ is str and name.startswith(named_prefixes):
-                named.append(ev)
+    # C-level map/itemgetter (attrgetter for typed events), much faster than event by event here.
+    kernels: list[Any] = []
+    copies: list[Any] = []
+    runtime: list[Any] = []
+    named: list[Any] = []
+    get: Callable[..., Callable[[Any], Any]]
+    if raw.typed:
+        for ev in events:
+            cat = ev.cat
+            if cat in kernel_categories:
+                kernels.append(ev)
+            elif cat in copy_categories:
+                copies.append(ev)
+            elif cat in runtime_categories:
+                runtime.append(ev)
+            else:
+                name = ev.name
+                if name is not None and name.startswith(named_prefixes):
+                    named.append(ev)
+        if not kernels and not copies:
+            raise NeedsGeneralParserError("no device events: a CPU trace")
+        from scalelab.trace import schema
+
+        named = [schema.as_dict(ev) for ev in named]
+        get = attrgetter
+    else:
+        for ev in events:
+            cat = ev.get("cat")
+            if cat in kernel_categories:
+                kernels.append(ev)
+            elif cat in copy_categories:
+                copies.append(ev)
+            elif cat in runtime_categories:
+                runtime.append(ev)
+            else:
+                name = ev.get("name")
+                if name.__class__ is str and name.startswith(named_prefixes):
+                    named.append(ev)
+        get = itemgetter
 
     gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
     named = [ev for ev in named if ev.get("ph") == "X"]
@@ -124,8 +155,8 @@ def _extract(raw: RawTrace) -> Timeline:
         return _cpu_timeline(raw, cpu_colls, step_numbers, step_start, step_end)
 
     device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
-    start, end = _floor_times(_numbers(device, "ts"), _numbers(device, "dur"))
-    names = _column(kernels, "name", "")
+    start, end = _floor_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
+    names = _column(kernels, "name", "", get)
     kind_of = {  # kernels are classified by name, once per distinct name
         name: classify.COMM
         if isinstance(name, str) and classify.is_comm_kernel(name)
@@ -136,12 +167,16 @@ def _extract(raw: RawTrace) -> Timeline:
     kind[: len(kernels)] = np.fromiter(map(kind_of.__getitem__, names), np.int8, len(kernels))
     comm_idx = np.flatnonzero(kind == classify.COMM)
 
-    launch_ts, launch_row = _launch_calls(_correlations(device), _correlations(runtime), runtime)
+    launch_ts, launch_row = _launch_calls(
+        _correlations(device, get), _correlations(runtime, get), _numbers(runtime, "ts", get)
+    )
     comm_list = comm_idx.tolist()
-    comm_tids = [runtime[r].get("tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()]
+    comm_tids = [
+        _field(runtime[r], "tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()
+    ]
     collectives = _device_collectives(
         [str(names[i]) for i in comm_list],
-        [device[i].get("args") for i in comm_list],
+        [_collective_arg(_field(device[i], "args")) for i in comm_list],
         launch_ts[comm_idx],
         comm_tids,
         host_colls,
@@ -166,53 +201,76 @@ def _extract(raw: RawTrace) -> Timeline:
         step_start_us=step_start,
         step_end_us=step_end,
         n_events=len(events),
-        n_lanes=_count_lanes(device),
+        n_lanes=_count_lanes(device, get),
         notes=tuple(notes),
     )
 
 
-def _count_lanes(device: list[dict[str, Any]]) -> int:
+# Field access works on both kinds of event: dicts (general parser) and typed structs (fast path).
+# The column helpers take `get` = itemgetter or attrgetter and run at C level; a dict that lacks a
+# key falls back to a per-event `.get`.
+
+
+def _field(ev: Any, key: str) -> Any:
+    return ev.get(key) if isinstance(ev, dict) else getattr(ev, key, None)
+
+
+def _collective_arg(args: Any) -> str | None:
+    """The `Collective name` arg (recent PyTorch writes it on NCCL kernels)."""
+    label = (
+        args.get("Collective name")
+        if isinstance(args, dict)
+        else getattr(args, "collective_name", None)
+    )
+    return label if isinstance(label, str) else None
+
+
+def _count_lanes(device: list[Any], get: Callable[..., Callable[[Any], Any]]) -> int:
     """Distinct (device, stream) pairs: Kineto writes a device event's pid = device, tid = stream."""
     try:
-        if len(set(map(itemgetter("pid"), device))) == 1:  # one device: count its streams, cheaply
-            return len(set(map(itemgetter("tid"), device)))
-        return len(set(map(itemgetter("pid", "tid"), device)))
+        if len(set(map(get("pid"), device))) == 1:  # one device: count its streams, cheaply
+            return len(set(map(get("tid"), device)))
+        return len(set(map(get("pid", "tid"), device)))
     except (KeyError, TypeError):
         lanes = {
-            (ev.get("pid"), ev.get("tid")) for ev in device if isinstance(ev.get("tid"), (int, str))
+            (_field(ev, "pid"), _field(ev, "tid"))
+            for ev in device
+            if isinstance(_field(ev, "tid"), (int, str))
         }
         return len(lanes)
 
 
-def _column(events: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
+def _column(
+    events: list[Any], key: str, default: Any, get: Callable[..., Callable[[Any], Any]]
+) -> list[Any]:
     """One field of every event; the C-level fast path unless some event lacks it."""
     try:
-        return list(map(itemgetter(key), events))
+        return list(map(get(key), events))
     except KeyError:
         return [ev.get(key, default) for ev in events]
 
 
-def _numbers(events: list[dict[str, Any]], key: str) -> NDArray[np.float64]:
+def _numbers(
+    events: list[Any], key: str, get: Callable[..., Callable[[Any], Any]]
+) -> NDArray[np.float64]:
     """A numeric field as float64 (NaN where absent); a required `ts` raises KeyError if absent."""
     try:
-        return np.fromiter(map(itemgetter(key), events), np.float64, len(events))
+        return np.fromiter(map(get(key), events), np.float64, len(events))
     except KeyError:
         if key == "ts":
             raise
         return np.asarray([ev.get(key, np.nan) for ev in events], dtype=np.float64)
 
 
-def _correlations(events: list[dict[str, Any]]) -> Int64Array:
+def _correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -> Int64Array:
     """`args.correlation` of every event, -1 where absent or not an integer."""
     try:
-        return np.fromiter(
-            map(itemgetter("correlation"), map(itemgetter("args"), events)), np.int64, len(events)
-        )
-    except (KeyError, TypeError, ValueError, OverflowError):
+        return np.fromiter(map(get("correlation"), map(get("args"), events)), np.int64, len(events))
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
         values = []
         for ev in events:
-            args = ev.get("args")
-            value = args.get("correlation", -1) if isinstance(args, dict) else -1
+            args = _field(ev, "args")
+            value = _field(args, "correlation") if args is not None else None
             values.append(value if isinstance(value, int) and not isinstance(value, bool) else -1)
         return np.asarray(values, dtype=np.int64)
 
@@ -314,7 +372,7 @@ def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, I
 
 
 def _launch_calls(
-    dev_corr: Int64Array, rt_corr: Int64Array, runtime: list[dict[str, Any]]
+    dev_corr: Int64Array, rt_corr: Int64Array, rt_ts: NDArray[np.float64]
 ) -> tuple[NDArray[np.float64], Int64Array]:
     """For each device event, the host time and row of the launch call with the same correlation
     (NaN and -1 where there is none)."""
@@ -326,13 +384,12 @@ def _launch_calls(
     pos = np.minimum(np.searchsorted(rc_sorted, dev_corr), rt_corr.size - 1)
     found = (rc_sorted[pos] == dev_corr) & (dev_corr >= 0)
     row = np.where(found, order[pos], -1)
-    rt_ts = _numbers(runtime, "ts")
     return np.where(found, rt_ts[np.maximum(row, 0)], np.nan), row
 
 
 def _device_collectives(
     names: list[str],
-    args: list[Any],
+    labels: list[str | None],
     launch_ts: NDArray[np.float64],
     launch_tids: list[Any],
     host_colls: list[tuple[Any, Any, Any, str]],
@@ -348,9 +405,8 @@ def _device_collectives(
     index = _COLLECTIVE_INDEX
     result = np.full(len(names), index[classify.OTHER], dtype=np.int16)
     unresolved: list[int] = []
-    for i, a in enumerate(args):
-        label = a.get("Collective name") if isinstance(a, dict) else None
-        found = classify.collective_from_label(label) if isinstance(label, str) else None
+    for i, label in enumerate(labels):
+        found = classify.collective_from_label(label) if label is not None else None
         if found is None:
             unresolved.append(i)
         else:

@@ -1,6 +1,7 @@
 """Find and read PyTorch profiler traces (Chrome-trace / Kineto JSON, optionally gzipped).
 
-Parsing uses orjson on the whole file at once, the fastest way to get Python objects out of JSON.
+Parsing decodes the whole file at once: with msgspec into small typed structs holding only the
+fields the analysis reads (the fast path, see `schema`), else with orjson into plain dicts.
 Every way a file can be unusable (missing, truncated gzip, invalid JSON, JSON that is not a trace)
 becomes an `InputError` that names the file and says what is wrong, never a traceback.
 """
@@ -13,11 +14,18 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from scalelab.errors import InputError
+
+try:  # the typed fast path; without msgspec the general parser reads everything
+    from scalelab.trace import schema as _schema
+except ImportError:  # pragma: no cover - msgspec is a dependency, but optional at run time
+    _schema = None  # type: ignore[assignment]
+
+Parser = Literal["auto", "general"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -26,11 +34,15 @@ _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 @dataclass(frozen=True)
 class RawTrace:
-    """One parsed trace file: its events and its top-level metadata (everything but the events)."""
+    """One parsed trace file: its events and its top-level metadata (everything but the events).
+
+    `typed`: the events are `schema.Event` structs (the fast path) rather than dicts.
+    """
 
     path: Path
     events: list[Any]
     metadata: dict[str, Any] = field(default_factory=dict)
+    typed: bool = False
 
     @property
     def rank(self) -> int | None:
@@ -70,9 +82,31 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def read_trace(path: str | Path) -> RawTrace:
-    """Read and parse one trace file; gzip is recognised by its magic bytes, not by the name."""
+def typed_parser_available() -> bool:
+    """Whether the msgspec fast path is installed."""
+    return _schema is not None
+
+
+def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
+    """Read and parse one trace file; gzip is recognised by its magic bytes, not by the name.
+
+    `auto` decodes with the typed fast path (msgspec) when it is installed and the file fits its
+    types, and otherwise with orjson, which reads any trace and says what is wrong with a bad one;
+    `general` always uses orjson.
+    """
     path = Path(path)
+    data = _read_bytes(path)
+    if parser == "auto" and _schema is not None:
+        try:
+            events, metadata = _schema.decode(data)
+        except _schema.DecodeFailed:
+            pass  # unusual or broken: the general parser reads it, or says what is wrong
+        else:
+            return RawTrace(path, events, metadata, typed=True)
+    return _parse_general(path, data)
+
+
+def _read_bytes(path: Path) -> bytes:
     where = str(path)
     try:
         data = path.read_bytes()
@@ -89,6 +123,11 @@ def read_trace(path: str | Path) -> RawTrace:
             raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
     if not data.strip():
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
+    return data
+
+
+def _parse_general(path: Path, data: bytes) -> RawTrace:
+    where = str(path)
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
