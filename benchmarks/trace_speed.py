@@ -4,7 +4,8 @@ Builds synthetic Kineto traces (`scalelab.trace.synthetic`: host steps, launches
 on several streams, NCCL kernels on their own streams, copies) of at least a million events, then
 times, on the same files:
 
-* scalelab: `scalelab.trace.analyze(files)` in this interpreter (parse + analysis), best of N;
+* scalelab: `scalelab.trace.analyze(files)` in this interpreter (parse + analysis), best of N,
+  with its typed fast path (msgspec) when installed and again with the general path (orjson);
 * HTA: `TraceAnalysis(trace_dir).get_comm_comp_overlap()` in HTA's own environment (a separate
   venv, `--hta-python`, default /work/venv-hta/bin/python), run as a subprocess, parse + analysis
   timed inside it (interpreter start and imports excluded on both sides).
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from scalelab.trace import analyze
+from scalelab.trace.load import Parser, typed_parser_available
 from scalelab.trace.synthetic import write_synthetic_trace
 
 DEFAULT_HTA_PYTHON = os.environ.get("SCALELAB_HTA_PYTHON", "/work/venv-hta/bin/python")
@@ -71,12 +73,14 @@ def make_traces(folder: Path, n_events: int, n_ranks: int) -> tuple[list[Path], 
     return files, total
 
 
-def time_scalelab(files: list[Path], repeat: int) -> tuple[float, dict[str, float | None]]:
+def time_scalelab(
+    files: list[Path], repeat: int, parser: Parser = "auto"
+) -> tuple[float, dict[str, float | None]]:
     best = float("inf")
     overlap: dict[str, float | None] = {}
     for _ in range(repeat):
         t0 = time.perf_counter()
-        report = analyze(files)
+        report = analyze(files, parser=parser)
         best = min(best, time.perf_counter() - t0)
         overlap = {
             str(r.rank): None if r.total.overlap_pct is None else round(r.total.overlap_pct, 2)
@@ -167,9 +171,18 @@ def main() -> None:
         f"traces: {len(files)} file(s), {n_events:,} events, {size_mb:,.0f} MB of JSON in {folder}"
     )
 
+    path = "typed fast path (msgspec)" if typed_parser_available() else "general path (orjson)"
     scalelab_s, scalelab_overlap = time_scalelab(files, args.repeat)
-    print(f"scalelab: {scalelab_s:.2f} s (best of {args.repeat}), overlap % {scalelab_overlap}")
-    print(f"scalelab: {n_events / scalelab_s / 1e6:.2f} M events/s")
+    print(
+        f"scalelab, {path}: {scalelab_s:.2f} s (best of {args.repeat}), "
+        f"{n_events / scalelab_s / 1e6:.2f} M events/s, overlap % {scalelab_overlap}"
+    )
+    if typed_parser_available():
+        general_s, general_overlap = time_scalelab(files, args.repeat, parser="general")
+        print(
+            f"scalelab, general path (orjson): {general_s:.2f} s (best of {args.repeat}), "
+            f"overlap % {general_overlap}"
+        )
 
     hta = time_hta(folder, args.hta_python, args.hta_repeat, args.hta_timeout)
     if isinstance(hta, str):
@@ -181,6 +194,8 @@ def main() -> None:
         f"HTA {hta['version']}: {hta_s:.2f} s (best of {args.hta_repeat}), overlap % {hta_overlap}"
     )
     print(f"speed-up: {hta_s / scalelab_s:.1f}x")
+    if typed_parser_available():
+        print(f"speed-up of the general path alone: {hta_s / general_s:.1f}x")
     same = hta_overlap == scalelab_overlap
     print(f"same overlap percentages: {'yes' if same else 'NO'}")
     if args.real is not None:
