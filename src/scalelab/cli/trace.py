@@ -15,7 +15,9 @@ from scalelab.trace.report import Breakdown, RankReport, TraceReport
 PathsArg = Annotated[
     list[Path],
     typer.Argument(
-        help="trace files (.json or .json.gz, one per rank) or folders of them", show_default=False
+        help="trace files (.json or .json.gz, one per rank) or folders of them",
+        show_default=False,
+        metavar="PATH",
     ),
 ]
 PerStepOpt = Annotated[bool, typer.Option("--per-step", help="also show every step of every rank")]
@@ -49,8 +51,9 @@ def trace(
     """Compute, communication, overlap and exposed communication per rank and per profiler step.
 
     GPU traces: NCCL/RCCL kernels are communication, other kernels compute, memcpy/memset neither.
-    CPU (gloo) traces: gloo collectives are communication, host operators compute. Exposed
-    communication is communication with no compute running. Times in ms; --json gives integer µs.
+    CPU (gloo) traces: gloo collectives are communication, host operators compute.
+
+    Exposed communication is communication with no compute running. Tables in ms; --json in µs.
     """
     report = analyze(paths, keep_intervals=plot is not None)
     written: list[Path] = []
