@@ -145,3 +145,21 @@ def test_ranks_are_sorted_and_the_slowest_is_found(tmp_path: Path) -> None:
     assert [r.rank for r in report.ranks] == [0, 1]
     assert report.summary.slowest_rank == 1
     assert report.summary.metrics["wall_us"].mean == 275
+
+
+def test_cpu_collective_on_the_training_thread_only_takes_its_own_span(tmp_path: Path) -> None:
+    """A collective that shows up on the thread with the profiler steps does not make that thread
+    a gloo worker: its other operators stay compute, the collective's span (and what runs inside
+    it) does not. aten::mm [0,100) compute; gloo:broadcast [100,150) with a copy inside it."""
+    events = [
+        _step(1, 0, 200) | {"pid": 1, "tid": 1},
+        x("aten::mm", 0, 100, cat="cpu_op"),
+        x("gloo:broadcast", 100, 50, cat="user_annotation"),
+        x("aten::copy_", 110, 10, cat="cpu_op"),
+        x("aten::add", 150, 30, cat="cpu_op"),
+    ]
+    rank = analyze_file(write_trace(tmp_path / "t.json", events))
+    t = rank.total
+    assert rank.n_lanes == 0  # no worker thread
+    assert (t.compute_us, t.comm_us, t.exposed_comm_us, t.idle_us) == (130, 50, 50, 20)
+    assert t.collectives["Broadcast"].count == 1

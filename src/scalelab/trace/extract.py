@@ -152,7 +152,12 @@ def _extract(raw: RawTrace) -> Timeline:
     ]
     step_numbers, step_start, step_end = _steps(steps)
     if not kernels and not copies:
-        return _cpu_timeline(raw, cpu_colls, step_numbers, step_start, step_end)
+        step_lanes = {
+            (ev.get("pid"), ev.get("tid"))
+            for ev in named
+            if ev["name"].startswith(classify.PROFILER_STEP_PREFIX)
+        }
+        return _cpu_timeline(raw, cpu_colls, step_lanes, step_numbers, step_start, step_end)
 
     device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
     start, end = _floor_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
@@ -278,6 +283,7 @@ def _correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -
 def _cpu_timeline(
     raw: RawTrace,
     cpu_colls: list[tuple[Any, Any, Any, Any, str]],
+    step_lanes: set[tuple[Any, Any]],
     step_numbers: Int64Array,
     step_start: Int64Array,
     step_end: Int64Array,
@@ -294,15 +300,27 @@ def _cpu_timeline(
             f"{raw.path}: traceEvents",
             "empty trace: no device activity, host operators, collectives or profiler steps",
         )
-    coll_lanes = {(pid, tid) for pid, tid, _, _, _ in cpu_colls}
+    # Collectives run on gloo's worker threads, whose own operators (packing, averaging) are part
+    # of the collective. A thread that drives training (its pid's main thread, or the one with the
+    # profiler steps) is never such a worker, even if a collective shows up on it: there, only the
+    # collective's own span is taken out of compute.
+    drivers = step_lanes | {(pid, pid) for pid, _, _, _, _ in ops}
+    coll_lanes = {(pid, tid) for pid, tid, _, _, _ in cpu_colls} - drivers
     host_ops = [op for op in ops if (op[0], op[1]) not in coll_lanes]
     is_comm_op = np.fromiter(
         (classify.is_cpu_comm_op(op[4]) for op in host_ops), dtype=bool, count=len(host_ops)
     )
     op_start, op_end = _floor_times([op[2] for op in host_ops], [op[3] for op in host_ops])
     coll_start, coll_end = _floor_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
+    on_driver = np.fromiter(
+        ((c[0], c[1]) not in coll_lanes for c in cpu_colls), dtype=bool, count=len(cpu_colls)
+    )
+    not_compute = IntervalSet.union_of(
+        np.concatenate([op_start[is_comm_op], coll_start[on_driver]]),
+        np.concatenate([op_end[is_comm_op], coll_end[on_driver]]),
+    )
     compute = IntervalSet.union_of(op_start[~is_comm_op], op_end[~is_comm_op]).difference(
-        IntervalSet.union_of(op_start[is_comm_op], op_end[is_comm_op])
+        not_compute
     )
     index = _COLLECTIVE_INDEX
     collectives = np.asarray(
@@ -312,7 +330,7 @@ def _cpu_timeline(
     notes = [
         "cpu trace: communication = host collectives (gloo:*) on "
         f"{len(coll_lanes)} worker thread(s); compute = host operators on the other threads "
-        "outside collective calls"
+        "outside collective calls and waits"
     ]
     if not cpu_colls:
         notes.append("no host collectives (gloo:*): communication is zero")
