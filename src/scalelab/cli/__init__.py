@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_VERB_MODULES = ("catalogs", "predict", "search", "study", "validate", "bench")
+_VERB_MODULES = ("catalogs", "predict", "search", "study", "validate", "bench", "trace")
 
 
 def _register_all() -> None:

@@ -1,0 +1,208 @@
+"""How fast is `scalelab trace` against Holistic Trace Analysis on the same large trace?
+
+Builds synthetic Kineto traces (`scalelab.trace.synthetic`: host steps, launches, compute kernels
+on several streams, NCCL kernels on their own streams, copies) of at least a million events, then
+times, on the same files:
+
+* scalelab: `scalelab.trace.analyze(files)` in this interpreter (parse + analysis), best of N,
+  with its typed fast path (msgspec) when installed and again with the general path (orjson);
+* HTA: `TraceAnalysis(trace_dir).get_comm_comp_overlap()` in HTA's own environment (a separate
+  venv, `--hta-python`, default /work/venv-hta/bin/python), run as a subprocess, parse + analysis
+  timed inside it (interpreter start and imports excluded on both sides).
+
+It prints events, seconds each, the speed-up, and both tools' overlap percentages, which must be
+equal. Without HTA it says so and times scalelab alone. `--real DIR` also times both, file by
+file, on real traces (where HTA's overlap differs by definition: it drops the last profiler step
+and kernels it cannot correlate). Record results in docs/benchmarks.md.
+
+    PYTHONPATH=src python benchmarks/trace_speed.py [--events 1000000] [--ranks 1] [--real tests/data/traces]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scalelab.trace import analyze
+from scalelab.trace.load import Parser, typed_parser_available
+from scalelab.trace.synthetic import write_synthetic_trace
+
+DEFAULT_HTA_PYTHON = os.environ.get("SCALELAB_HTA_PYTHON", "/work/venv-hta/bin/python")
+
+# Run inside HTA's venv: parse the folder and compute the overlap, timed without the imports.
+_HTA_SCRIPT = r"""
+import json, logging, sys, time, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+from importlib.metadata import version
+t0 = time.perf_counter()
+analysis = TraceAnalysis(trace_dir=sys.argv[1])
+overlap = analysis.get_comm_comp_overlap(visualize=False)
+seconds = time.perf_counter() - t0
+print(json.dumps({
+    "seconds": seconds,
+    "version": version("HolisticTraceAnalysis"),
+    "overlap_pct": {str(int(r)): float(p) for r, p in zip(overlap["rank"], overlap["comp_comm_overlap_pctg"])},
+}))
+"""
+
+
+def make_traces(folder: Path, n_events: int, n_ranks: int) -> tuple[list[Path], int]:
+    """Write (or reuse) one synthetic trace per rank; return the files and the total events."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files, total = [], 0
+    for rank in range(n_ranks):
+        path = folder / f"synthetic-rank{rank}.json"
+        stamp = folder / f".synthetic-rank{rank}.events"
+        if path.exists() and stamp.exists():
+            total += int(stamp.read_text())
+        else:
+            count = write_synthetic_trace(path, n_events=n_events, rank=rank, world_size=n_ranks)
+            stamp.write_text(str(count))
+            total += count
+        files.append(path)
+    return files, total
+
+
+def time_scalelab(
+    files: list[Path], repeat: int, parser: Parser = "auto"
+) -> tuple[float, dict[str, float | None]]:
+    best = float("inf")
+    overlap: dict[str, float | None] = {}
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        report = analyze(files, parser=parser)
+        best = min(best, time.perf_counter() - t0)
+        overlap = {
+            str(r.rank): None if r.total.overlap_pct is None else round(r.total.overlap_pct, 2)
+            for r in report.ranks
+        }
+    return best, overlap
+
+
+def time_hta(folder: Path, python: str, repeat: int, timeout_s: float) -> dict[str, object] | str:
+    """HTA's figures, or a sentence saying why there are none."""
+    if not Path(python).exists():
+        return f"HTA skipped: no interpreter at {python} (see --hta-python)"
+    best: dict[str, object] | None = None
+    for _ in range(repeat):
+        try:
+            done = subprocess.run(
+                [python, "-c", _HTA_SCRIPT, str(folder)],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"HTA skipped: it ran past {timeout_s:.0f} s"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"HTA skipped: it failed ({last})"
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        if best is None or result["seconds"] < best["seconds"]:  # type: ignore[operator]
+            best = result
+    assert best is not None
+    return best
+
+
+def compare_real(folder: Path, python: str, repeat: int, timeout_s: float) -> None:
+    """Both tools, file by file, on real traces (HTA reads a folder: one temporary folder each)."""
+    print(f"\nreal traces in {folder} (seconds: scalelab best of {repeat}, HTA best of 1):")
+    print(
+        f"{'file':34} {'events':>9} {'scalelab s':>10} {'HTA s':>7} {'x':>6} {'overlap %':>9} {'HTA %':>7}"
+    )
+    total_ours = total_hta = 0.0
+    for path in sorted(folder.glob("*.json*")):
+        seconds, overlap = time_scalelab([path], repeat)
+        report = analyze(path)
+        (pct,) = overlap.values()
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(path, tmp)
+            hta = time_hta(Path(tmp), python, 1, timeout_s)
+        if isinstance(hta, str):
+            hta_s, hta_pct = float("nan"), hta.split(":")[0]
+        else:
+            hta_s = float(hta["seconds"])  # type: ignore[arg-type]
+            hta_pct = ", ".join(f"{v:g}" for v in hta["overlap_pct"].values())  # type: ignore[attr-defined]
+            total_ours, total_hta = total_ours + seconds, total_hta + hta_s
+        print(
+            f"{path.name:34} {report.ranks[0].n_events:>9,} {seconds:>10.3f} {hta_s:>7.2f} "
+            f"{hta_s / seconds:>6.1f} {'—' if pct is None else pct:>9} {hta_pct:>7}"
+        )
+    if total_ours:
+        print(
+            f"all files where both ran: scalelab {total_ours:.2f} s, HTA {total_hta:.2f} s, "
+            f"{total_hta / total_ours:.1f}x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000, help="events per rank")
+    parser.add_argument("--ranks", type=int, default=1, help="trace files (one per rank)")
+    parser.add_argument("--repeat", type=int, default=3, help="scalelab runs (best is kept)")
+    parser.add_argument("--hta-repeat", type=int, default=1, help="HTA runs (best is kept)")
+    parser.add_argument("--hta-python", default=DEFAULT_HTA_PYTHON)
+    parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds per HTA run")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the traces are kept")
+    parser.add_argument("--real", type=Path, default=None, help="also compare on these real traces")
+    args = parser.parse_args()
+
+    folder = (
+        args.workdir
+        or Path(tempfile.gettempdir()) / f"scalelab-trace-speed-{args.events}x{args.ranks}"
+    )
+    files, n_events = make_traces(folder, args.events, args.ranks)
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"traces: {len(files)} file(s), {n_events:,} events, {size_mb:,.0f} MB of JSON in {folder}"
+    )
+
+    path = "typed fast path (msgspec)" if typed_parser_available() else "general path (orjson)"
+    scalelab_s, scalelab_overlap = time_scalelab(files, args.repeat)
+    print(
+        f"scalelab, {path}: {scalelab_s:.2f} s (best of {args.repeat}), "
+        f"{n_events / scalelab_s / 1e6:.2f} M events/s, overlap % {scalelab_overlap}"
+    )
+    if typed_parser_available():
+        general_s, general_overlap = time_scalelab(files, args.repeat, parser="general")
+        print(
+            f"scalelab, general path (orjson): {general_s:.2f} s (best of {args.repeat}), "
+            f"overlap % {general_overlap}"
+        )
+
+    hta = time_hta(folder, args.hta_python, args.hta_repeat, args.hta_timeout)
+    if isinstance(hta, str):
+        print(hta)
+        return
+    hta_s = float(hta["seconds"])  # type: ignore[arg-type]
+    hta_overlap = hta["overlap_pct"]
+    print(
+        f"HTA {hta['version']}: {hta_s:.2f} s (best of {args.hta_repeat}), overlap % {hta_overlap}"
+    )
+    print(f"speed-up: {hta_s / scalelab_s:.1f}x")
+    if typed_parser_available():
+        print(f"speed-up of the general path alone: {hta_s / general_s:.1f}x")
+    same = hta_overlap == scalelab_overlap
+    print(f"same overlap percentages: {'yes' if same else 'NO'}")
+    if args.real is not None:
+        compare_real(args.real, args.hta_python, args.repeat, args.hta_timeout)
+    if not same:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

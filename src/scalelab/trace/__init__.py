@@ -1,0 +1,29 @@
+"""Analyse PyTorch profiler (Kineto / Chrome-trace JSON) traces: compute, communication, overlap
+and exposed communication per rank and per profiler step. Never imports torch.
+
+    from scalelab.trace import analyze
+    report = analyze(["traces/"])          # files or folders, one trace per rank
+    report.ranks[0].total.exposed_comm_us  # integer microseconds
+    report.to_dict()                       # JSON-ready
+"""
+
+from scalelab.trace.analyze import analyze, analyze_file
+from scalelab.trace.report import (
+    Breakdown,
+    CollectiveStats,
+    RankReport,
+    StepBreakdown,
+    Summary,
+    TraceReport,
+)
+
+__all__ = [
+    "Breakdown",
+    "CollectiveStats",
+    "RankReport",
+    "StepBreakdown",
+    "Summary",
+    "TraceReport",
+    "analyze",
+    "analyze_file",
+]

@@ -1,0 +1,187 @@
+"""The facade: `analyze(paths) -> TraceReport`, composing load -> extract -> steps -> measure."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
+from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.load import Parser, find_trace_files, read_trace
+from scalelab.trace.report import (
+    Breakdown,
+    CollectiveStats,
+    RankIntervals,
+    RankReport,
+    TraceReport,
+    summarise,
+)
+from scalelab.trace.steps import step_windows
+
+
+def analyze(
+    paths: str | Path | Iterable[str | Path],
+    *,
+    keep_intervals: bool = False,
+    parser: Parser = "auto",
+) -> TraceReport:
+    """Analyse trace files (one per rank) or folders of them.
+
+    Raises `InputError` (one line naming the file and what is wrong) for anything unreadable.
+    `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
+    (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
+    `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
+    """
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    files = find_trace_files(items)
+    ranks = [analyze_file(f, keep_intervals=keep_intervals, parser=parser) for f in files]
+    ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
+    return TraceReport(ranks=ranks, summary=summarise(ranks))
+
+
+def analyze_file(
+    path: str | Path, *, keep_intervals: bool = False, parser: Parser = "auto"
+) -> RankReport:
+    """Analyse one trace file."""
+    # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
+    # would rescan them again and again while they are made (3-4x slower), and they hold no
+    # cycles, so it is paused while the file is parsed and its events are extracted.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        raw = read_trace(path, parser=parser)
+        try:
+            timeline = extract(raw)
+        except NeedsGeneralParserError:
+            raw = read_trace(path, parser="general")
+            timeline = extract(raw)
+        rank, world_size = raw.rank, raw.world_size
+        del raw  # the parsed events are by far the largest object: free them before measuring
+    finally:
+        if paused:
+            gc.enable()
+    windows = step_windows(timeline)
+    sets = _Sets.of(timeline)
+
+    starts = [timeline.activity_start_us, windows.start_us]
+    ends = [timeline.activity_end_us, windows.end_us]
+    first = min(int(a.min()) for a in starts if a.size)
+    last = max(int(a.max()) for a in ends if a.size)
+    total = _measure(sets, np.array([first]), np.array([last]), count_all=True)[0]
+    steps = [
+        b.as_step(int(n), int(s))
+        for n, s, b in zip(
+            windows.numbers,
+            windows.start_us,
+            _measure(sets, windows.start_us, windows.end_us),
+            strict=True,
+        )
+    ]
+    return RankReport(
+        path=str(path),
+        rank=rank,
+        world_size=world_size,
+        mode=timeline.mode,
+        step_source=windows.source,
+        n_events=timeline.n_events,
+        n_lanes=timeline.n_lanes,
+        total=total,
+        steps=steps,
+        outside_steps=total.minus(Breakdown.sum(list(steps))),
+        notes=list(timeline.notes),
+        intervals=(
+            RankIntervals(
+                compute=sets.compute,
+                comm=sets.comm,
+                exposed_comm=sets.exposed,
+                first_us=first,
+                last_us=last,
+            )
+            if keep_intervals
+            else None
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _Sets:
+    """The interval sets every window is measured against."""
+
+    compute: IntervalSet
+    comm: IntervalSet
+    overlap: IntervalSet
+    exposed: IntervalSet
+    busy: IntervalSet
+    copy_only: IntervalSet
+    # Per collective present: name, its union, its exposed part, its events' sorted start times.
+    collectives: list[tuple[str, IntervalSet, IntervalSet, Int64Array]]
+
+    @classmethod
+    def of(cls, t: Timeline) -> _Sets:
+        collectives = []
+        for code in np.unique(t.comm_collective).tolist():
+            mine = t.comm_collective == code
+            union = IntervalSet.union_of(t.comm_start_us[mine], t.comm_end_us[mine])
+            collectives.append(
+                (
+                    COLLECTIVES[code],
+                    union,
+                    union.difference(t.compute),
+                    np.sort(t.comm_start_us[mine]),
+                )
+            )
+        return cls(
+            compute=t.compute,
+            comm=t.comm,
+            overlap=t.comm.intersection(t.compute),
+            exposed=t.comm.difference(t.compute),
+            busy=t.compute.union(t.comm).union(t.copy),
+            copy_only=t.copy.difference(t.compute).difference(t.comm),
+            collectives=collectives,
+        )
+
+
+def _measure(
+    sets: _Sets, lo: Int64Array, hi: Int64Array, *, count_all: bool = False
+) -> list[Breakdown]:
+    """Breakdowns of many windows [lo, hi) at once (counts: events starting in the window)."""
+    wall = hi - lo
+    compute = sets.compute.covered_in(lo, hi)
+    comm = sets.comm.covered_in(lo, hi)
+    overlap = sets.overlap.covered_in(lo, hi)
+    busy = sets.busy.covered_in(lo, hi)
+    copy_only = sets.copy_only.covered_in(lo, hi)
+    per_collective = []
+    for name, union, exposed, starts in sets.collectives:
+        if count_all:
+            count = np.full(lo.size, starts.size, dtype=np.int64)
+        else:
+            count = np.searchsorted(starts, hi, side="left") - np.searchsorted(
+                starts, lo, side="left"
+            )
+        per_collective.append((name, count, union.covered_in(lo, hi), exposed.covered_in(lo, hi)))
+    out = []
+    for i in range(lo.size):
+        collectives = {
+            name: CollectiveStats(int(count[i]), int(total[i]), int(exposed[i]))
+            for name, count, total, exposed in per_collective
+            if count[i] or total[i]
+        }
+        out.append(
+            Breakdown(
+                wall_us=int(wall[i]),
+                compute_us=int(compute[i]),
+                comm_us=int(comm[i]),
+                overlap_us=int(overlap[i]),
+                exposed_comm_us=int(comm[i] - overlap[i]),
+                copy_only_us=int(copy_only[i]),
+                idle_us=int(wall[i] - busy[i]),
+                collectives=collectives,
+            )
+        )
+    return out

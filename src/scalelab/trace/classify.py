@@ -1,0 +1,110 @@
+"""What each trace event is: device compute, communication or memory copy; which collective.
+
+The rules are simple string tests so that they agree with the reference definitions (and with
+Holistic Trace Analysis) and stay fast on millions of events; results are cached per distinct name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# Kinds of device (GPU) activity. Integers so that they fit a numpy array.
+COMPUTE: Final = 0
+COMM: Final = 1
+COPY: Final = 2  # memcpy / memset: neither compute nor communication
+
+# Chrome-trace categories of device events, as written by Kineto since PyTorch 1.8 (upper-case ones
+# are the 1.8/1.9 spellings). Kernels are classified by name; copies and sets are always COPY.
+KERNEL_CATEGORIES: Final = frozenset({"kernel", "Kernel"})
+COPY_CATEGORIES: Final = frozenset({"gpu_memcpy", "Memcpy", "gpu_memset", "Memset"})
+# Host-side launch calls whose `correlation` arg links them to the device event they launched.
+RUNTIME_CATEGORIES: Final = frozenset({"cuda_runtime", "Runtime", "cuda_driver"})
+# Host operators (the CPU-trace notion of compute).
+CPU_OP_CATEGORIES: Final = frozenset({"cpu_op", "Operator"})
+# Device-side copies of host annotations: never the host's profiler steps.
+GPU_ANNOTATION_CATEGORY: Final = "gpu_user_annotation"
+
+PROFILER_STEP_PREFIX: Final = "ProfilerStep#"
+# Host annotations that wrap a collective on the process group's side: `nccl:all_to_all`, ...
+HOST_COLLECTIVE_PREFIXES: Final = ("nccl:", "rccl:")
+# Collectives executed on the host (CPU traces): `gloo:all_reduce` on gloo's worker threads.
+CPU_COLLECTIVE_PREFIXES: Final = ("gloo:",)
+# Host operators that enqueue or wait for communication: not compute on a CPU trace.
+CPU_COMM_OP_PREFIXES: Final = (
+    "c10d::",
+    "_c10d_functional::",
+    "c10d_functional::",
+    "record_param_comms",
+    "nccl:",
+    "gloo:",
+)
+
+COLLECTIVES: Final = (
+    "AllReduce",
+    "AllGather",
+    "ReduceScatter",
+    "AllToAll",
+    "SendRecv",
+    "Broadcast",
+    "Reduce",
+    "Gather",
+    "Scatter",
+    "Barrier",
+    "Other",
+)
+OTHER: Final = "Other"
+
+# Order matters: longer names first ("reducescatter" before "reduce", "allgather" before "gather").
+_COLLECTIVE_KEYS: Final = (
+    ("allreduce", "AllReduce"),
+    ("allgather", "AllGather"),
+    ("reducescatter", "ReduceScatter"),
+    ("alltoall", "AllToAll"),
+    ("sendrecv", "SendRecv"),
+    ("broadcast", "Broadcast"),
+    ("reduce", "Reduce"),
+    ("gather", "Gather"),
+    ("scatter", "Scatter"),
+    ("barrier", "Barrier"),
+    ("send", "SendRecv"),
+    ("recv", "SendRecv"),
+)
+_NON_LETTERS: Final = re.compile(r"[^a-z]")
+
+
+def is_comm_kernel(name: str) -> bool:
+    """An NCCL/RCCL kernel (RCCL keeps NCCL's kernel names): `nccl...` or `...ncclKernel...`."""
+    return name.startswith(("nccl", "rccl")) or "ncclKernel" in name
+
+
+def collective_from_label(label: str) -> str | None:
+    """The canonical collective for a PyTorch-level label.
+
+    Accepts `Collective name` args (`allreduce`, `_allgather_base`, `all_to_all`), host annotations
+    (`nccl:reduce_scatter`, `gloo:all_reduce`) and c10d op names; None when it names no collective.
+    """
+    text = label.lower()
+    for sep in ("::", ":"):
+        if sep in text:
+            text = text.rsplit(sep, 1)[1]
+    key = _NON_LETTERS.sub("", text)
+    for prefix, collective in _COLLECTIVE_KEYS:
+        if key.startswith(prefix):
+            return collective
+    return None
+
+
+def collective_from_kernel(name: str) -> str | None:
+    """The collective in an NCCL kernel name: `ncclKernel_AllReduce_RING_LL_Sum_float(...)` ->
+    AllReduce; None for names without one (`ncclDevKernel_Generic`)."""
+    head = name.split("(", 1)[0]
+    parts = head.split("_")
+    if len(parts) < 2:
+        return None
+    return collective_from_label(parts[1])
+
+
+def is_cpu_comm_op(name: str) -> bool:
+    """A host operator that enqueues or waits for a collective (c10d, functional collectives)."""
+    return name.startswith(CPU_COMM_OP_PREFIXES)

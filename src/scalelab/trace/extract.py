@@ -1,0 +1,524 @@
+"""Turn a parsed trace into columnar numpy arrays of the activity the analysis needs.
+
+One pass over the events in Python sorts out device activity, launch calls, profiler steps and
+collective annotations (CPU traces take a second pass for host operators); fields are then pulled
+out with C-level iteration and everything after that is numpy.
+Timestamps are floored to whole microseconds (start = floor(ts), end = start + floor(dur)), the
+reference convention, which keeps all later arithmetic exact.
+
+Two kinds of trace come out of it:
+
+* **gpu** (the trace has kernels, memcpys or memsets): compute = kernels that are not NCCL/RCCL,
+  communication = NCCL/RCCL kernels, copy = memcpy/memset, across all devices and streams.
+* **cpu** (no device events, e.g. gloo): communication = the collectives executed on the host
+  (`gloo:*` events on gloo's worker threads); compute = host operators (`cpu_op`) on the other
+  threads, minus the time those threads spend inside collective calls (`c10d::*`,
+  `_c10d_functional::*` enqueues and waits), which are communication, not compute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scalelab.errors import InputError
+from scalelab.trace import classify
+from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.load import RawTrace
+
+Mode = Literal["gpu", "cpu"]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The classified activity of one trace (one rank), ready for interval arithmetic."""
+
+    mode: Mode
+    compute: IntervalSet
+    comm: IntervalSet
+    copy: IntervalSet
+    # Every communication event: its start, end and collective (an index into classify.COLLECTIVES).
+    comm_start_us: Int64Array
+    comm_end_us: Int64Array
+    comm_collective: NDArray[np.int16]
+    # Every analysed event (gpu: device events; cpu: compute and collective events), for step windows.
+    activity_start_us: Int64Array
+    activity_end_us: Int64Array
+    # gpu: host time of the launch call of each device event (NaN where the trace does not link it).
+    activity_launch_ts: NDArray[np.float64]
+    # Host `ProfilerStep#N` annotations: numbers and [start, end) in floored microseconds.
+    step_numbers: Int64Array
+    step_start_us: Int64Array
+    step_end_us: Int64Array
+    n_events: int
+    n_lanes: int  # gpu: device streams with activity; cpu: threads that ran collectives
+    notes: tuple[str, ...] = ()
+
+
+class NeedsGeneralParserError(Exception):
+    """The typed fast-path events cannot express this trace (a CPU trace, or fields of unexpected
+    types): re-read it with `read_trace(path, parser="general")`."""
+
+
+def extract(raw: RawTrace) -> Timeline:
+    """Classify the events of one parsed trace; an InputError if it has no activity, and
+    NeedsGeneralParserError if typed events do not suffice (see there)."""
+    try:
+        return _extract(raw)
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        if raw.typed:
+            raise NeedsGeneralParserError(str(exc)) from None
+        raise _locate_bad_event(raw, exc) from None
+
+
+def _extract(raw: RawTrace) -> Timeline:
+    events = raw.events
+    kernel_categories = classify.KERNEL_CATEGORIES
+    copy_categories = classify.COPY_CATEGORIES
+    runtime_categories = classify.RUNTIME_CATEGORIES
+    named_prefixes = (
+        classify.PROFILER_STEP_PREFIX,
+        *classify.HOST_COLLECTIVE_PREFIXES,
+        *classify.CPU_COLLECTIVE_PREFIXES,
+    )
+
+    # The hot loop only sorts events into buckets by category (Kineto writes device events and
+    # launch calls as complete 'X' events only); fields are pulled out per bucket afterwards with
+    # C-level map/itemgetter (attrgetter for typed events), much faster than event by event here.
+    kernels: list[Any] = []
+    copies: list[Any] = []
+    runtime: list[Any] = []
+    named: list[Any] = []
+    get: Callable[..., Callable[[Any], Any]]
+    if raw.typed:
+        for ev in events:
+            cat = ev.cat
+            if cat in kernel_categories:
+                kernels.append(ev)
+            elif cat in copy_categories:
+                copies.append(ev)
+            elif cat in runtime_categories:
+                runtime.append(ev)
+            else:
+                name = ev.name
+                if name is not None and name.startswith(named_prefixes):
+                    named.append(ev)
+        if not kernels and not copies:
+            raise NeedsGeneralParserError("no device events: a CPU trace")
+        from scalelab.trace import schema
+
+        named = [schema.as_dict(ev) for ev in named]
+        get = attrgetter
+    else:
+        for ev in events:
+            cat = ev.get("cat")
+            if cat in kernel_categories:
+                kernels.append(ev)
+            elif cat in copy_categories:
+                copies.append(ev)
+            elif cat in runtime_categories:
+                runtime.append(ev)
+            else:
+                name = ev.get("name")
+                if name.__class__ is str and name.startswith(named_prefixes):
+                    named.append(ev)
+        get = itemgetter
+
+    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
+    named = [ev for ev in named if ev.get("ph") == "X"]
+    steps = [
+        (ev["name"], ev["ts"], ev.get("dur", 0))
+        for ev in named
+        if ev["name"].startswith(classify.PROFILER_STEP_PREFIX) and ev.get("cat") != gpu_annotation
+    ]
+    host_colls = [
+        (ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.HOST_COLLECTIVE_PREFIXES)
+        and ev.get("cat") != gpu_annotation
+    ]
+    cpu_colls = [
+        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
+    ]
+    step_numbers, step_start, step_end = _steps(steps)
+    if not kernels and not copies:
+        step_lanes = {
+            (ev.get("pid"), ev.get("tid"))
+            for ev in named
+            if ev["name"].startswith(classify.PROFILER_STEP_PREFIX)
+        }
+        return _cpu_timeline(raw, cpu_colls, step_lanes, step_numbers, step_start, step_end)
+
+    device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
+    start, end = _floor_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
+    names = _column(kernels, "name", "", get)
+    kind_of = {  # kernels are classified by name, once per distinct name
+        name: classify.COMM
+        if isinstance(name, str) and classify.is_comm_kernel(name)
+        else classify.COMPUTE
+        for name in set(names)
+    }
+    kind = np.full(len(device), classify.COPY, dtype=np.int8)
+    kind[: len(kernels)] = np.fromiter(map(kind_of.__getitem__, names), np.int8, len(kernels))
+    comm_idx = np.flatnonzero(kind == classify.COMM)
+
+    launch_ts, launch_row = _launch_calls(
+        _correlations(device, get), _correlations(runtime, get), _numbers(runtime, "ts", get)
+    )
+    comm_list = comm_idx.tolist()
+    comm_tids = [
+        _field(runtime[r], "tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()
+    ]
+    collectives = _device_collectives(
+        [str(names[i]) for i in comm_list],
+        [_collective_arg(_field(device[i], "args")) for i in comm_list],
+        launch_ts[comm_idx],
+        comm_tids,
+        host_colls,
+    )
+    is_compute = kind == classify.COMPUTE
+    is_copy = kind == classify.COPY
+    notes: list[str] = []
+    if comm_idx.size == 0:
+        notes.append("no NCCL/RCCL communication kernels: communication is zero")
+    return Timeline(
+        mode="gpu",
+        compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
+        comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
+        copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
+        comm_start_us=start[comm_idx],
+        comm_end_us=end[comm_idx],
+        comm_collective=collectives,
+        activity_start_us=start,
+        activity_end_us=end,
+        activity_launch_ts=launch_ts,
+        step_numbers=step_numbers,
+        step_start_us=step_start,
+        step_end_us=step_end,
+        n_events=len(events),
+        n_lanes=_count_lanes(device, get),
+        notes=tuple(notes),
+    )
+
+
+# Field access works on both kinds of event: dicts (general parser) and typed structs (fast path).
+# The column helpers take `get` = itemgetter or attrgetter and run at C level; a dict that lacks a
+# key falls back to a per-event `.get`.
+
+
+def _field(ev: Any, key: str) -> Any:
+    return ev.get(key) if isinstance(ev, dict) else getattr(ev, key, None)
+
+
+def _collective_arg(args: Any) -> str | None:
+    """The `Collective name` arg (recent PyTorch writes it on NCCL kernels)."""
+    label = (
+        args.get("Collective name")
+        if isinstance(args, dict)
+        else getattr(args, "collective_name", None)
+    )
+    return label if isinstance(label, str) else None
+
+
+def _count_lanes(device: list[Any], get: Callable[..., Callable[[Any], Any]]) -> int:
+    """Distinct (device, stream) pairs: Kineto writes a device event's pid = device, tid = stream."""
+    try:
+        if len(set(map(get("pid"), device))) == 1:  # one device: count its streams, cheaply
+            return len(set(map(get("tid"), device)))
+        return len(set(map(get("pid", "tid"), device)))
+    except (KeyError, TypeError):
+        lanes = {
+            (_field(ev, "pid"), _field(ev, "tid"))
+            for ev in device
+            if isinstance(_field(ev, "tid"), (int, str))
+        }
+        return len(lanes)
+
+
+def _column(
+    events: list[Any], key: str, default: Any, get: Callable[..., Callable[[Any], Any]]
+) -> list[Any]:
+    """One field of every event; the C-level fast path unless some event lacks it."""
+    try:
+        return list(map(get(key), events))
+    except KeyError:
+        return [ev.get(key, default) for ev in events]
+
+
+def _numbers(
+    events: list[Any], key: str, get: Callable[..., Callable[[Any], Any]]
+) -> NDArray[np.float64]:
+    """A numeric field as float64 (NaN where absent); a required `ts` raises KeyError if absent."""
+    try:
+        return np.fromiter(map(get(key), events), np.float64, len(events))
+    except KeyError:
+        if key == "ts":
+            raise
+        return np.asarray([ev.get(key, np.nan) for ev in events], dtype=np.float64)
+
+
+def _correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -> Int64Array:
+    """`args.correlation` of every event, -1 where absent or not an integer."""
+    try:
+        return np.fromiter(map(get("correlation"), map(get("args"), events)), np.int64, len(events))
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        values = []
+        for ev in events:
+            args = _field(ev, "args")
+            value = _field(args, "correlation") if args is not None else None
+            values.append(value if isinstance(value, int) and not isinstance(value, bool) else -1)
+        return np.asarray(values, dtype=np.int64)
+
+
+def _cpu_timeline(
+    raw: RawTrace,
+    cpu_colls: list[tuple[Any, Any, Any, Any, str]],
+    step_lanes: set[tuple[Any, Any]],
+    step_numbers: Int64Array,
+    step_start: Int64Array,
+    step_end: Int64Array,
+) -> Timeline:
+    """A trace without device events: collectives and compute are host-side (see module doc)."""
+    cpu_op_categories = classify.CPU_OP_CATEGORIES
+    ops = [
+        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev.get("name", ""))
+        for ev in raw.events
+        if ev.get("ph") == "X" and ev.get("cat") in cpu_op_categories
+    ]
+    if not ops and not cpu_colls and step_numbers.size == 0:
+        raise InputError(
+            f"{raw.path}: traceEvents",
+            "empty trace: no device activity, host operators, collectives or profiler steps",
+        )
+    # Collectives run on gloo's worker threads, whose own operators (packing, averaging) are part
+    # of the collective. A thread that drives training (its pid's main thread, or the one with the
+    # profiler steps) is never such a worker, even if a collective shows up on it: there, only the
+    # collective's own span is taken out of compute.
+    drivers = step_lanes | {(pid, pid) for pid, _, _, _, _ in ops}
+    coll_lanes = {(pid, tid) for pid, tid, _, _, _ in cpu_colls} - drivers
+    host_ops = [op for op in ops if (op[0], op[1]) not in coll_lanes]
+    is_comm_op = np.fromiter(
+        (classify.is_cpu_comm_op(op[4]) for op in host_ops), dtype=bool, count=len(host_ops)
+    )
+    op_start, op_end = _floor_times([op[2] for op in host_ops], [op[3] for op in host_ops])
+    coll_start, coll_end = _floor_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
+    on_driver = np.fromiter(
+        ((c[0], c[1]) not in coll_lanes for c in cpu_colls), dtype=bool, count=len(cpu_colls)
+    )
+    not_compute = IntervalSet.union_of(
+        np.concatenate([op_start[is_comm_op], coll_start[on_driver]]),
+        np.concatenate([op_end[is_comm_op], coll_end[on_driver]]),
+    )
+    compute = IntervalSet.union_of(op_start[~is_comm_op], op_end[~is_comm_op]).difference(
+        not_compute
+    )
+    index = _COLLECTIVE_INDEX
+    collectives = np.asarray(
+        [index[classify.collective_from_label(c[4]) or classify.OTHER] for c in cpu_colls],
+        dtype=np.int16,
+    )
+    notes = [
+        "cpu trace: communication = host collectives (gloo:*) on "
+        f"{len(coll_lanes)} worker thread(s); compute = host operators on the other threads "
+        "outside collective calls and waits"
+    ]
+    if not cpu_colls:
+        notes.append("no host collectives (gloo:*): communication is zero")
+    return Timeline(
+        mode="cpu",
+        compute=compute,
+        comm=IntervalSet.union_of(coll_start, coll_end),
+        copy=IntervalSet.empty(),
+        comm_start_us=coll_start,
+        comm_end_us=coll_end,
+        comm_collective=collectives,
+        activity_start_us=np.concatenate([op_start, coll_start]),
+        activity_end_us=np.concatenate([op_end, coll_end]),
+        activity_launch_ts=np.full(op_start.size + coll_start.size, np.nan),
+        step_numbers=step_numbers,
+        step_start_us=step_start,
+        step_end_us=step_end,
+        n_events=len(raw.events),
+        n_lanes=len(coll_lanes),
+        notes=tuple(notes),
+    )
+
+
+_COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
+
+
+def _floor_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
+    """start = floor(ts), end = start + floor(dur) in integer microseconds; bad durations are 0."""
+    ts_arr = np.asarray(ts, dtype=np.float64)
+    if not np.isfinite(ts_arr).all():
+        raise ValueError("a timestamp is not a finite number")
+    dur_arr = np.floor(np.asarray(dur, dtype=np.float64))
+    dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
+    start = np.floor(ts_arr).astype(np.int64)
+    return start, start + dur_arr.astype(np.int64)
+
+
+def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """Host `ProfilerStep#N` windows, sorted and made disjoint (a step starts after the last ends)."""
+    numbered = []
+    for name, ts, dur in steps:
+        try:
+            numbered.append((int(name[len(classify.PROFILER_STEP_PREFIX) :]), ts, dur))
+        except ValueError:
+            continue
+    if not numbered:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    start, end = _floor_times([s[1] for s in numbered], [s[2] for s in numbered])
+    numbers = np.asarray([s[0] for s in numbered], dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    numbers, start, end = numbers[order], start[order], end[order]
+    previous_end = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1]])
+    start = np.maximum(start, previous_end)
+    end = np.maximum(end, start)
+    return numbers, start, end
+
+
+def _launch_calls(
+    dev_corr: Int64Array, rt_corr: Int64Array, rt_ts: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], Int64Array]:
+    """For each device event, the host time and row of the launch call with the same correlation
+    (NaN and -1 where there is none)."""
+    n = dev_corr.size
+    if rt_corr.size == 0:
+        return np.full(n, np.nan), np.full(n, -1, dtype=np.int64)
+    order = np.argsort(rt_corr, kind="stable")
+    rc_sorted = rt_corr[order]
+    pos = np.minimum(np.searchsorted(rc_sorted, dev_corr), rt_corr.size - 1)
+    found = (rc_sorted[pos] == dev_corr) & (dev_corr >= 0)
+    row = np.where(found, order[pos], -1)
+    return np.where(found, rt_ts[np.maximum(row, 0)], np.nan), row
+
+
+def _device_collectives(
+    names: list[str],
+    labels: list[str | None],
+    launch_ts: NDArray[np.float64],
+    launch_tids: list[Any],
+    host_colls: list[tuple[Any, Any, Any, str]],
+) -> NDArray[np.int16]:
+    """The collective of each communication kernel, from the best evidence the trace has.
+
+    1. the kernel's own `Collective name` arg (recent PyTorch);
+    2. the host annotation (`nccl:all_to_all`, ...) that encloses its launch call on the same
+       thread: the only way to tell an all-to-all, which NCCL runs as SendRecv kernels;
+    3. the collective in the kernel name (`ncclKernel_AllReduce_...`);
+    4. Other.
+    """
+    index = _COLLECTIVE_INDEX
+    result = np.full(len(names), index[classify.OTHER], dtype=np.int16)
+    unresolved: list[int] = []
+    for i, label in enumerate(labels):
+        found = classify.collective_from_label(label) if label is not None else None
+        if found is None:
+            unresolved.append(i)
+        else:
+            result[i] = index[found]
+    if unresolved and host_colls:
+        unresolved = _collectives_from_annotations(
+            result, unresolved, launch_ts, launch_tids, host_colls
+        )
+    by_name: dict[str, int] = {}
+    for i in unresolved:
+        name = names[i]
+        code = by_name.get(name)
+        if code is None:
+            code = index[classify.collective_from_kernel(name) or classify.OTHER]
+            by_name[name] = code
+        result[i] = code
+    return result
+
+
+def _collectives_from_annotations(
+    result: NDArray[np.int16],
+    unresolved: list[int],
+    launch_ts: NDArray[np.float64],
+    launch_tids: list[Any],
+    host_colls: list[tuple[Any, Any, Any, str]],
+) -> list[int]:
+    """Fill `result` from enclosing host annotations; return the indices still unresolved."""
+    by_tid: dict[Any, list[tuple[float, float, int]]] = {}
+    for tid, ts, dur, name in host_colls:
+        found = classify.collective_from_label(name)
+        if found is not None:
+            start = float(ts)
+            by_tid.setdefault(tid, []).append(
+                (start, start + float(dur or 0), _COLLECTIVE_INDEX[found])
+            )
+    still: list[int] = []
+    wanted: dict[Any, list[int]] = {}
+    for i in unresolved:
+        tid = launch_tids[i]
+        if tid in by_tid:
+            wanted.setdefault(tid, []).append(i)
+        else:
+            still.append(i)
+    for tid, rows in wanted.items():
+        spans = sorted(by_tid[tid])
+        starts = np.asarray([s[0] for s in spans])
+        ends = np.asarray([s[1] for s in spans])
+        codes = np.asarray([s[2] for s in spans], dtype=np.int16)
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        t = launch_ts[rows_arr]
+        k = np.searchsorted(starts, t, side="right") - 1
+        inside = (k >= 0) & (t <= ends[np.maximum(k, 0)])
+        result[rows_arr[inside]] = codes[k[inside]]
+        still.extend(rows_arr[~inside].tolist())
+    return still
+
+
+# The fields the analysis reads from an event: type, what to call it, required.
+_EVENT_FIELDS: tuple[tuple[str, tuple[type, ...], str, bool], ...] = (
+    ("ts", (int, float), "a finite number (microseconds)", True),
+    ("dur", (int, float), "a finite number (microseconds)", False),
+    ("name", (str,), "a string", False),
+    ("cat", (str,), "a string", False),
+    ("args", (dict,), "a JSON object", False),
+)
+
+
+def _is_device_or_launch(cat: Any) -> bool:
+    try:
+        return (
+            cat
+            in classify.KERNEL_CATEGORIES | classify.COPY_CATEGORIES | classify.RUNTIME_CATEGORIES
+        )
+    except TypeError:  # an unhashable category
+        return True
+
+
+def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
+    """Find the first malformed event to name it; a slow pass, run only after a failure."""
+    where = f"{raw.path}: traceEvents"
+    for i, ev in enumerate(raw.events):
+        if not isinstance(ev, dict):
+            return InputError(
+                f"{where}[{i}]", f"an event must be a JSON object, not {type(ev).__name__}"
+            )
+        if ev.get("ph") != "X" and not _is_device_or_launch(ev.get("cat")):
+            continue
+        for key, types, what, required in _EVENT_FIELDS:
+            value = ev.get(key)
+            if value is None and not required:
+                continue
+            bad_number = key in ("ts", "dur") and (
+                isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value))
+            )
+            if not isinstance(value, types) or bad_number:
+                return InputError(f"{where}[{i}].{key}", f"must be {what}, not {value!r:.40}")
+    return InputError(where, f"malformed trace ({' '.join(str(exc).split())})")

@@ -1,0 +1,152 @@
+"""Find and read PyTorch profiler traces (Chrome-trace / Kineto JSON, optionally gzipped).
+
+Parsing decodes the whole file at once: with msgspec into small typed structs holding only the
+fields the analysis reads (the fast path, see `schema`), else with orjson into plain dicts.
+Every way a file can be unusable (missing, truncated gzip, invalid JSON, JSON that is not a trace)
+becomes an `InputError` that names the file and says what is wrong, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from scalelab.errors import InputError
+
+try:  # the typed fast path; without msgspec the general parser reads everything
+    from scalelab.trace import schema as _schema
+except ImportError:  # pragma: no cover - msgspec is a dependency, but optional at run time
+    _schema = None  # type: ignore[assignment]
+
+Parser = Literal["auto", "general"]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_GZIP_MAGIC = b"\x1f\x8b"
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RawTrace:
+    """One parsed trace file: its events and its top-level metadata (everything but the events).
+
+    `typed`: the events are `schema.Event` structs (the fast path) rather than dicts.
+    """
+
+    path: Path
+    events: list[Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    typed: bool = False
+
+    @property
+    def rank(self) -> int | None:
+        """The rank from `distributedInfo`, else from a `rank<N>` in the file name, else None."""
+        info = self.metadata.get("distributedInfo")
+        if isinstance(info, dict) and isinstance(info.get("rank"), int):
+            return int(info["rank"])
+        match = _RANK_IN_NAME.search(self.path.name)
+        return int(match.group(1)) if match else None
+
+    @property
+    def world_size(self) -> int | None:
+        info = self.metadata.get("distributedInfo")
+        if isinstance(info, dict) and isinstance(info.get("world_size"), int):
+            return int(info["world_size"])
+        return None
+
+
+def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand files and folders (their `*.json` and `*.json.gz`, not recursive) into trace files."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            inside = sorted(
+                p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+            )
+            if not inside:
+                raise InputError("PATH", f"folder {path} holds no .json or .json.gz trace")
+            found.extend(inside)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise InputError("PATH", f"{path}: no such file or folder")
+    if not found:
+        raise InputError("PATH", "give at least one trace file or folder")
+    return found
+
+
+def typed_parser_available() -> bool:
+    """Whether the msgspec fast path is installed."""
+    return _schema is not None
+
+
+def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
+    """Read and parse one trace file; gzip is recognised by its magic bytes, not by the name.
+
+    `auto` decodes with the typed fast path (msgspec) when it is installed and the file fits its
+    types, and otherwise with orjson, which reads any trace and says what is wrong with a bad one;
+    `general` always uses orjson.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    if parser == "auto" and _schema is not None:
+        try:
+            events, metadata = _schema.decode(data)
+        except _schema.DecodeFailed:
+            pass  # unusual or broken: the general parser reads it, or says what is wrong
+        else:
+            return RawTrace(path, events, metadata, typed=True)
+    return _parse_general(path, data)
+
+
+def _read_bytes(path: Path) -> bytes:
+    where = str(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise InputError(
+                where, "truncated gzip file: the compressed data ends before its end marker"
+            ) from None
+        except (OSError, zlib.error) as exc:
+            raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
+    if not data.strip():
+        raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
+    return data
+
+
+def _parse_general(path: Path, data: bytes) -> RawTrace:
+    where = str(path)
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(where, f"not valid JSON ({_one_line(exc)})") from None
+    if isinstance(document, list):  # the Chrome "JSON array" form: just the events
+        return RawTrace(path, document, {})
+    if not isinstance(document, dict) or "traceEvents" not in document:
+        keys = (
+            ", ".join(list(document)[:6]) if isinstance(document, dict) else type(document).__name__
+        )
+        raise InputError(
+            where,
+            f"not a PyTorch profiler trace: no 'traceEvents' list (found: {keys or 'an empty object'})",
+        )
+    events = document.pop("traceEvents")
+    if not isinstance(events, list):
+        raise InputError(f"{where}: traceEvents", f"must be a list, not {type(events).__name__}")
+    return RawTrace(path, events, document)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -1,0 +1,284 @@
+"""The analyser's answer: per-rank, per-step time breakdowns and a summary across ranks.
+
+All times are integer microseconds (`*_us`), so that sums are exact: the steps of a rank plus its
+`outside_steps` add up to its `total`, field by field. `to_dict()` gives plain JSON-ready data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.intervals import IntervalSet
+
+Mode = Literal["gpu", "cpu"]
+StepSource = Literal["device", "host", "none"]
+
+# The additive time fields of a Breakdown, in display order.
+TIME_FIELDS = (
+    "wall_us",
+    "compute_us",
+    "comm_us",
+    "overlap_us",
+    "exposed_comm_us",
+    "copy_only_us",
+    "idle_us",
+)
+
+
+@dataclass(frozen=True)
+class CollectiveStats:
+    """One collective (AllReduce, AllGather, ...) in a window.
+
+    `count`: events that start in the window; `total_us`: length of the union of its events;
+    `exposed_us`: the part of that with no compute running. Collectives that run at the same time
+    (on different streams or threads) each count that time, so they can add up to more than the
+    window's `comm_us`.
+    """
+
+    count: int
+    total_us: int
+    exposed_us: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"count": self.count, "total_us": self.total_us, "exposed_us": self.exposed_us}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Breakdown:
+    """Where the time of one window (a step, the whole trace, or the rest) went.
+
+    `compute_us`, `comm_us`: lengths of the unions of compute and of communication activity.
+    `overlap_us`: communication while compute runs. `exposed_comm_us` = comm - overlap: communication
+    with no compute running. `copy_only_us`: memcpy/memset with neither running. `idle_us`: nothing
+    running. compute + exposed_comm + copy_only + idle = wall, exactly.
+    """
+
+    wall_us: int
+    compute_us: int
+    comm_us: int
+    overlap_us: int
+    exposed_comm_us: int
+    copy_only_us: int
+    idle_us: int
+    collectives: dict[str, CollectiveStats] = field(default_factory=dict)
+
+    @property
+    def overlap_pct(self) -> float | None:
+        """Share of communication hidden under compute; None without communication."""
+        return 100.0 * self.overlap_us / self.comm_us if self.comm_us else None
+
+    @property
+    def exposed_comm_pct_of_wall(self) -> float | None:
+        """Share of the window lost to exposed communication; None for an empty window."""
+        return 100.0 * self.exposed_comm_us / self.wall_us if self.wall_us else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: getattr(self, name) for name in TIME_FIELDS}
+        out["overlap_pct"] = _round(self.overlap_pct)
+        out["exposed_comm_pct_of_wall"] = _round(self.exposed_comm_pct_of_wall)
+        out["collectives"] = {name: c.to_dict() for name, c in self.collectives.items()}
+        return out
+
+    def as_step(self, step: int, start_us: int) -> StepBreakdown:
+        """The same numbers as the breakdown of profiler step `step` starting at `start_us`."""
+        return StepBreakdown(
+            step=step,
+            start_us=start_us,
+            wall_us=self.wall_us,
+            compute_us=self.compute_us,
+            comm_us=self.comm_us,
+            overlap_us=self.overlap_us,
+            exposed_comm_us=self.exposed_comm_us,
+            copy_only_us=self.copy_only_us,
+            idle_us=self.idle_us,
+            collectives=self.collectives,
+        )
+
+    def minus(self, other: Breakdown) -> Breakdown:
+        """Field-by-field difference (the time outside all steps is the total minus the steps)."""
+        return _add(self, other, -1)
+
+    @staticmethod
+    def sum(parts: list[Breakdown]) -> Breakdown:
+        """Field-by-field sum."""
+        total = _make([0] * len(TIME_FIELDS), {})
+        for part in parts:
+            total = _add(total, part, 1)
+        return total
+
+
+def _add(a: Breakdown, b: Breakdown, sign: int) -> Breakdown:
+    zero = CollectiveStats(0, 0, 0)
+    collectives = {}
+    for name in sorted(set(a.collectives) | set(b.collectives), key=_collective_order):
+        x, y = a.collectives.get(name, zero), b.collectives.get(name, zero)
+        combined = CollectiveStats(
+            x.count + sign * y.count,
+            x.total_us + sign * y.total_us,
+            x.exposed_us + sign * y.exposed_us,
+        )
+        if combined != zero:
+            collectives[name] = combined
+    return _make([getattr(a, n) + sign * getattr(b, n) for n in TIME_FIELDS], collectives)
+
+
+def _make(values: list[int], collectives: dict[str, CollectiveStats]) -> Breakdown:
+    wall, compute, comm, overlap, exposed, copy_only, idle = values
+    return Breakdown(
+        wall_us=wall,
+        compute_us=compute,
+        comm_us=comm,
+        overlap_us=overlap,
+        exposed_comm_us=exposed,
+        copy_only_us=copy_only,
+        idle_us=idle,
+        collectives=collectives,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepBreakdown(Breakdown):
+    """One profiler step: `ProfilerStep#<step>`, its window starting at `start_us`."""
+
+    step: int
+    start_us: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "start_us": self.start_us, **super().to_dict()}
+
+
+@dataclass(frozen=True)
+class RankIntervals:
+    """A rank's activity as interval sets (what plots draw); kept only on request."""
+
+    compute: IntervalSet
+    comm: IntervalSet
+    exposed_comm: IntervalSet
+    first_us: int
+    last_us: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """The analysis of one trace file (one rank)."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    mode: Mode  # gpu: device kernels; cpu: host (gloo) collectives, see `extract`
+    step_source: StepSource  # how step windows were laid: on device activity, host time, or none
+    n_events: int
+    n_lanes: int  # gpu: device streams with activity; cpu: threads that ran collectives
+    total: Breakdown
+    steps: list[StepBreakdown]
+    outside_steps: Breakdown
+    notes: list[str] = field(default_factory=list)
+    intervals: RankIntervals | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def file(self) -> str:
+        return self.path.replace("\\", "/").rsplit("/", 1)[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "mode": self.mode,
+            "step_source": self.step_source,
+            "n_events": self.n_events,
+            "n_lanes": self.n_lanes,
+            "notes": list(self.notes),
+            "total": self.total.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "outside_steps": self.outside_steps.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """One metric across ranks: mean, max, and which trace has the max."""
+
+    mean: float
+    max: float
+    max_rank: int | None
+    max_file: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mean": round(self.mean, 3),
+            "max": round(self.max, 3),
+            "max_rank": self.max_rank,
+            "max_file": self.max_file,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
+    has steps, else its whole trace. The slowest rank is the one with the largest `wall_us`."""
+
+    basis: Literal["mean per step", "whole trace"]
+    n_ranks: int
+    slowest_rank: int | None
+    slowest_file: str
+    metrics: dict[str, MetricSummary]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "basis": self.basis,
+            "n_ranks": self.n_ranks,
+            "slowest_rank": self.slowest_rank,
+            "slowest_file": self.slowest_file,
+            "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceReport:
+    """What `scalelab.trace.analyze` returns: one RankReport per trace file and a Summary."""
+
+    ranks: list[RankReport]
+    summary: Summary
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "scalelab.trace/1",
+            "units": "microseconds (integers) unless the name ends in _pct",
+            "ranks": [r.to_dict() for r in self.ranks],
+            "summary": self.summary.to_dict(),
+        }
+
+
+def summarise(ranks: list[RankReport]) -> Summary:
+    """Mean and max of each time metric across ranks, and the slowest rank."""
+    per_step = all(r.steps for r in ranks)
+    values: dict[str, list[float]] = {name: [] for name in TIME_FIELDS}
+    for r in ranks:
+        for name in TIME_FIELDS:
+            if per_step:
+                values[name].append(sum(getattr(s, name) for s in r.steps) / len(r.steps))
+            else:
+                values[name].append(float(getattr(r.total, name)))
+    metrics = {}
+    for name, vals in values.items():
+        i = max(range(len(vals)), key=vals.__getitem__)
+        metrics[name] = MetricSummary(sum(vals) / len(vals), vals[i], ranks[i].rank, ranks[i].file)
+    slowest = max(range(len(ranks)), key=values["wall_us"].__getitem__)
+    return Summary(
+        basis="mean per step" if per_step else "whole trace",
+        n_ranks=len(ranks),
+        slowest_rank=ranks[slowest].rank,
+        slowest_file=ranks[slowest].file,
+        metrics=metrics,
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _collective_order(name: str) -> int:
+    return COLLECTIVES.index(name) if name in COLLECTIVES else len(COLLECTIVES)

@@ -1,0 +1,62 @@
+"""The typed fast path: decode only the fields the analysis reads, with msgspec.
+
+A generic JSON parser builds a dict for every event and its `args`, with every key and value, and
+then frees it all again; most of that is never looked at (operator shapes, kernel launch
+parameters). Decoding into small typed structs that name only the needed fields skips the rest
+while parsing, which is about twice as fast on a million-event trace. Anything that does not fit
+the types (a malformed or unusual trace) raises, and the caller falls back to the general orjson
+path, which reads any trace and explains what is wrong with a bad one.
+
+Imported only when msgspec is installed (it is a dependency, but the analyser works without it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Args(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy without msgspec)
+    """The `args` of an event, reduced to what the analysis reads."""
+
+    correlation: int = -1
+    collective_name: str | None = msgspec.field(default=None, name="Collective name")
+
+
+class Event(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy without msgspec)
+    """One trace event, reduced to what the analysis reads (gc=False: it holds no cycles)."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float = 0.0
+    args: Args | None = None
+
+
+class Document(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy without msgspec)
+    traceEvents: list[Event]  # noqa: N815 (the trace format's key)
+    distributedInfo: Any = None  # noqa: N815
+
+
+_DECODER = msgspec.json.Decoder(Document)
+DecodeFailed = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+def decode(data: bytes) -> tuple[list[Event], dict[str, Any]]:
+    """Events and metadata (only `distributedInfo`); raises one of `DecodeFailed` if the data
+    is not a trace document of the expected types."""
+    document = _DECODER.decode(data)
+    metadata = (
+        {} if document.distributedInfo is None else {"distributedInfo": document.distributedInfo}
+    )
+    return document.traceEvents, metadata
+
+
+def as_dict(event: Event) -> dict[str, Any]:
+    """An event as the general path's dict (for the few annotation events read field by field)."""
+    out = {f: getattr(event, f) for f in event.__struct_fields__ if f != "args"}
+    return {k: v for k, v in out.items() if v is not None}
