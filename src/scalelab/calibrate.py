@@ -28,11 +28,28 @@ from scalelab.spec.hardware import ClusterParams, ClusterSpec
 from scalelab.spec.layout import Layout, LayoutTable
 from scalelab.spec.model import ModelSpec
 
-COMM_INTRA = ("nvlink_bus_efficiency", "nvlink_step_latency_us", "base_latency_us", "bandwidth_ramp_mib")
-COMM_INTER = ("net_bus_efficiency", "net_step_latency_us", "net_base_latency_us", "tree_level_latency_us",
-              "net_scale_degradation")
-COMPUTE = ("gemm_efficiency", "gemm_half_gflop", "attention_efficiency", "hbm_efficiency", "layer_overhead_us",
-           "step_overhead_ms", "overlap_slowdown")
+COMM_INTRA = (
+    "nvlink_bus_efficiency",
+    "nvlink_step_latency_us",
+    "base_latency_us",
+    "bandwidth_ramp_mib",
+)
+COMM_INTER = (
+    "net_bus_efficiency",
+    "net_step_latency_us",
+    "net_base_latency_us",
+    "tree_level_latency_us",
+    "net_scale_degradation",
+)
+COMPUTE = (
+    "gemm_efficiency",
+    "gemm_half_gflop",
+    "attention_efficiency",
+    "hbm_efficiency",
+    "layer_overhead_us",
+    "step_overhead_ms",
+    "overlap_slowdown",
+)
 POWER = ("compute_power_fraction", "comm_power_fraction")
 BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_bus_efficiency": (0.01, 1.2),
@@ -112,11 +129,13 @@ def _predict_all(
             ranks=np.array([p.ranks for p in pts]),
             ranks_per_domain=np.array([min(p.ranks_per_node, p.ranks) for p in pts]),
         )
-        comm_pred[idx] = comm.collective_time(collective, np.array([p.nbytes for p in pts]), shape, cluster)
+        comm_pred[idx] = comm.collective_time(
+            collective, np.array([p.nbytes for p in pts]), shape, cluster
+        )
     step_pred = np.zeros(2 * len(step_points))
     by_model: dict[str, list[int]] = defaultdict(list)
-    for i, p in enumerate(step_points):
-        by_model[p.model.model_dump_json()].append(i)
+    for i, point in enumerate(step_points):
+        by_model[point.model.model_dump_json()].append(i)
     for idx in by_model.values():
         table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
         pred = predict(step_points[idx[0]].model, cluster, table)
@@ -148,7 +167,9 @@ def fit(
     from scipy.optimize import least_squares
 
     if not comm_points and not step_points:
-        raise InputError("records", "no usable measurement in the records (need ok comm or bench records)")
+        raise InputError(
+            "records", "no usable measurement in the records (need ok comm or bench records)"
+        )
     names = names or free_parameters(comm_points, step_points)
     base = cluster.params.model_dump()
     lo = np.array([BOUNDS[n][0] for n in names])
@@ -167,32 +188,61 @@ def fit(
         c = _with(cluster, dict(zip(names, x.tolist(), strict=True)))
         cp, sp = _predict_all(c, comm_points, step_points)
         n = len(step_points)
-        parts = [w_comm * np.log(np.maximum(cp, 1e-12) / comm_measured),
-                 w_step * np.log(np.maximum(sp[:n], 1e-12) / step_measured)]
+        parts = [
+            w_comm * np.log(np.maximum(cp, 1e-12) / comm_measured),
+            w_step * np.log(np.maximum(sp[:n], 1e-12) / step_measured),
+        ]
         if has_power.any():
             parts.append(w_power * np.log(sp[n:][has_power] / power_measured[has_power]))
         return np.concatenate(parts)
 
-    solution = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-3, max_nfev=400)
+    solution = least_squares(
+        residuals, x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-3, max_nfev=400
+    )
     jac = solution.jac
     scale = np.maximum(np.abs(solution.x), 1e-6)
     sensitivity = np.linalg.norm(jac * scale, axis=0)
-    undetermined = [n for n, s in zip(names, sensitivity, strict=True) if s < 1e-3 * max(sensitivity.max(), 1e-12)]
+    undetermined = [
+        n
+        for n, s in zip(names, sensitivity, strict=True)
+        if s < 1e-3 * max(sensitivity.max(), 1e-12)
+    ]
     fitted = {n: float(v) for n, v in zip(names, solution.x, strict=True) if n not in undetermined}
     final = _with(cluster, fitted)
     before_c, before_s = _predict_all(cluster, comm_points, step_points)
     after_c, after_s = _predict_all(final, comm_points, step_points)
-    rows = []
-    for i, p in enumerate(comm_points):
-        rows.append({"kind": "comm", "what": f"{p.collective} {p.nbytes:.0f} B on {p.ranks} ranks",
-                     "measured": p.time_s, "before": float(before_c[i]), "after": float(after_c[i])})
-    for i, p in enumerate(step_points):
-        rows.append({"kind": "step_time_s", "what": f"{p.model.name} {p.layout.gpus} ranks {p.source}",
-                     "measured": p.step_time_s, "before": float(before_s[i]), "after": float(after_s[i])})
-        if p.power_w is not None:
-            n = len(step_points)
-            rows.append({"kind": "power_w", "what": p.source, "measured": p.power_w,
-                         "before": float(before_s[n + i]), "after": float(after_s[n + i])})
+    rows: list[dict[str, Any]] = []
+    for i, cpt in enumerate(comm_points):
+        rows.append(
+            {
+                "kind": "comm",
+                "what": f"{cpt.collective} {cpt.nbytes:.0f} B on {cpt.ranks} ranks",
+                "measured": cpt.time_s,
+                "before": float(before_c[i]),
+                "after": float(after_c[i]),
+            }
+        )
+    n = len(step_points)
+    for i, spt in enumerate(step_points):
+        rows.append(
+            {
+                "kind": "step_time_s",
+                "what": f"{spt.model.name} {spt.layout.gpus} ranks {spt.source}",
+                "measured": spt.step_time_s,
+                "before": float(before_s[i]),
+                "after": float(after_s[i]),
+            }
+        )
+        if spt.power_w is not None:
+            rows.append(
+                {
+                    "kind": "power_w",
+                    "what": spt.source,
+                    "measured": spt.power_w,
+                    "before": float(before_s[n + i]),
+                    "after": float(after_s[n + i]),
+                }
+            )
     for r in rows:
         r["error_before"] = r["before"] / r["measured"] - 1.0
         r["error_after"] = r["after"] / r["measured"] - 1.0
@@ -218,7 +268,11 @@ def write_cluster_yaml(cluster: ClusterSpec, result: FitResult, path: Path, note
     params = out.params.model_dump()
     params["source"] = (
         f"scalelab calibrate from base '{result.base}': fitted {', '.join(sorted(result.fitted)) or 'nothing'}"
-        + (f"; undetermined (kept from base): {', '.join(result.undetermined)}" if result.undetermined else "")
+        + (
+            f"; undetermined (kept from base): {', '.join(result.undetermined)}"
+            if result.undetermined
+            else ""
+        )
         + f"; mean |error| {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %"
         + (f"; {note}" if note else "")
     )
@@ -235,7 +289,9 @@ def write_cluster_yaml(cluster: ClusterSpec, result: FitResult, path: Path, note
     return atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
 
 
-def points_from_records(records: list[Any]) -> tuple[list[CommPoint], list[StepPoint], dict[str, int]]:
+def points_from_records(
+    records: list[Any],
+) -> tuple[list[CommPoint], list[StepPoint], dict[str, int]]:
     """Observations from `comm` and `bench` records (scalelab.results.Record); skipped ones counted."""
     comm_points: list[CommPoint] = []
     step_points: list[StepPoint] = []
@@ -247,22 +303,45 @@ def points_from_records(records: list[Any]) -> tuple[list[CommPoint], list[StepP
         if rec.kind == "comm":
             w = rec.workload
             for row in rec.measurements.get("rows", []):
-                comm_points.append(CommPoint(
-                    collective=row["collective"], nbytes=float(row["bytes"]), ranks=int(w["world_size"]),
-                    ranks_per_node=int(w.get("nproc_per_node", w["world_size"])), time_s=float(row["time_s"]),
-                    source=rec.name))
+                comm_points.append(
+                    CommPoint(
+                        collective=row["collective"],
+                        nbytes=float(row["bytes"]),
+                        ranks=int(w["world_size"]),
+                        ranks_per_node=int(w.get("nproc_per_node", w["world_size"])),
+                        time_s=float(row["time_s"]),
+                        source=rec.name,
+                    )
+                )
         elif rec.kind == "bench":
             try:
                 model = ModelSpec(**rec.workload["model_spec"])
                 layout = Layout(**rec.layout)
                 step = rec.summary["step_time_s"]["mean"]
             except (KeyError, TypeError, ValidationError):
-                raise InputError("records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s") from None
+                raise InputError(
+                    "records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s"
+                ) from None
             power = (rec.summary.get("avg_power_w") or {}).get("mean")
-            step_points.append(StepPoint(model, layout, float(step), None if power is None else float(power), rec.name))
+            step_points.append(
+                StepPoint(
+                    model, layout, float(step), None if power is None else float(power), rec.name
+                )
+            )
         else:
-            raise InputError("records", f"{rec.name}: kind '{rec.kind}' cannot be calibrated against (comm or bench)")
+            raise InputError(
+                "records",
+                f"{rec.name}: kind '{rec.kind}' cannot be calibrated against (comm or bench)",
+            )
     return comm_points, step_points, dict(skipped)
 
 
-__all__ = ["ClusterParams", "CommPoint", "FitResult", "StepPoint", "fit", "points_from_records", "write_cluster_yaml"]
+__all__ = [
+    "ClusterParams",
+    "CommPoint",
+    "FitResult",
+    "StepPoint",
+    "fit",
+    "points_from_records",
+    "write_cluster_yaml",
+]

@@ -390,7 +390,7 @@ def _measure(
 
 def _exposed_comm(paths: list[str], notes: dict[str, str]) -> Any:
     try:
-        from scalelab.trace import analyze  # type: ignore[attr-defined]
+        from scalelab.trace import analyze
     except ImportError:
         notes["exposed_comm"] = "trace analyser not installed"
         return None
