@@ -196,18 +196,40 @@ def fit(
             parts.append(w_power * np.log(sp[n:][has_power] / power_measured[has_power]))
         return np.concatenate(parts)
 
-    solution = least_squares(
-        residuals, x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-3, max_nfev=400
-    )
-    jac = solution.jac
-    scale = np.maximum(np.abs(solution.x), 1e-6)
-    sensitivity = np.linalg.norm(jac * scale, axis=0)
+    # Parameters the data cannot move (a flat Jacobian column at the start) are left out.
+    r0 = residuals(x0)
+    sensitivity = np.zeros(len(names))
+    for j in range(len(names)):
+        step = np.zeros(len(names))
+        step[j] = max(abs(x0[j]) * 0.05, 1e-3)
+        probe = (
+            np.clip(x0 + step, lo, hi) if x0[j] + step[j] <= hi[j] else np.clip(x0 - step, lo, hi)
+        )
+        sensitivity[j] = float(np.linalg.norm(residuals(probe) - r0))
     undetermined = [
         n
-        for n, s in zip(names, sensitivity, strict=True)
-        if s < 1e-3 * max(sensitivity.max(), 1e-12)
+        for n, v in zip(names, sensitivity, strict=True)
+        if v < 1e-4 * max(sensitivity.max(), 1e-12)
     ]
-    fitted = {n: float(v) for n, v in zip(names, solution.x, strict=True) if n not in undetermined}
+    keep = [j for j, n in enumerate(names) if n not in undetermined]
+    fitted: dict[str, float] = {}
+    if keep:
+        kept = [names[j] for j in keep]
+
+        def kept_residuals(x: np.ndarray) -> np.ndarray:
+            full = x0.copy()
+            full[keep] = x
+            return residuals(full)
+
+        solution = least_squares(
+            kept_residuals,
+            x0[keep],
+            bounds=(lo[keep], hi[keep]),
+            x_scale="jac",
+            diff_step=1e-3,
+            max_nfev=1000,
+        )
+        fitted = {n: float(v) for n, v in zip(kept, solution.x, strict=True)}
     final = _with(cluster, fitted)
     before_c, before_s = _predict_all(cluster, comm_points, step_points)
     after_c, after_s = _predict_all(final, comm_points, step_points)

@@ -1,0 +1,101 @@
+"""`scalelab calibrate`: fit a cluster profile to measured comm and bench records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+
+
+def calibrate(
+    records: Annotated[
+        list[Path], typer.Argument(help="record files or folders of records (comm and bench)")
+    ],
+    base: Annotated[
+        str, typer.Option("--base", help="catalog cluster or YAML to start from")
+    ] = "h100-ib",
+    out: Annotated[Path, typer.Option("--out", help="cluster YAML to write")] = Path(
+        "my-cluster.yaml"
+    ),
+    params: Annotated[
+        str | None,
+        typer.Option(
+            "--params", help="comma-separated parameters to fit (default: what the records inform)"
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit the base cluster's free parameters to the records and write a cluster YAML."""
+    from scalelab.calibrate import BOUNDS, fit, points_from_records, write_cluster_yaml
+    from scalelab.results import load_record, record_paths
+    from scalelab.spec.catalog import load_cluster
+
+    cluster = load_cluster(base)
+    paths: list[Path] = []
+    for item in records:
+        if item.is_dir():
+            paths += record_paths(item)
+        elif item.is_file():
+            paths.append(item)
+        else:
+            raise InputError("records", f"no such file or folder: {item}")
+    if not paths:
+        raise InputError("records", "no record files found")
+    loaded = [load_record(p) for p in paths]
+    comm_points, step_points, skipped = points_from_records(loaded)
+    names = None
+    if params:
+        names = [p.strip() for p in params.split(",") if p.strip()]
+        unknown = [n for n in names if n not in BOUNDS]
+        if unknown:
+            raise InputError(
+                "params", f"cannot fit {', '.join(unknown)}; choose from {', '.join(BOUNDS)}"
+            )
+    result = fit(cluster, comm_points, step_points, names)
+    path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
+    if json_out:
+        print_json({**result.to_dict(), "cluster_file": str(path), "skipped": skipped})
+        return
+    table = Table(
+        title=f"fitted parameters (base {cluster.name}; {len(comm_points)} collective points, {len(step_points)} step points)"
+    )
+    for col in ("parameter", "base", "fitted"):
+        table.add_column(col, justify="left" if col == "parameter" else "right")
+    for name in result.free:
+        fitted = result.fitted.get(name)
+        table.add_row(
+            name,
+            f"{result.before[name]:.4g}",
+            "undetermined" if fitted is None else f"{fitted:.4g}",
+        )
+    console.print(table)
+    res = Table(title="residuals (predicted / measured - 1)")
+    for col in ("kind", "observation", "measured", "base", "fitted"):
+        res.add_column(col, justify="left" if col in ("kind", "observation") else "right")
+    for r in result.residuals[:60]:
+        res.add_row(
+            r["kind"],
+            r["what"],
+            f"{r['measured']:.4g}",
+            f"{r['error_before'] * 100:+.1f} %",
+            f"{r['error_after'] * 100:+.1f} %",
+        )
+    console.print(res)
+    if result.undetermined:
+        console.print(
+            f"the records could not determine: {', '.join(result.undetermined)} (kept from {cluster.name})"
+        )
+    if skipped:
+        console.print(f"skipped records: {skipped}")
+    console.print(
+        f"mean |error| {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %; wrote {path}"
+    )

@@ -1,0 +1,144 @@
+"""An nccl-tests-style collective sweep on PyTorch distributed (NCCL on GPUs, gloo on CPU).
+
+Definitions are nccl-tests' (doc/PERFORMANCE.md): `size` is the buffer that sizes the
+operation — the whole gathered output for all_gather, the whole input for reduce_scatter and
+all_to_all, the buffer for all_reduce, what each rank sends for send_recv. Operations are
+out-of-place. The time of one iteration is the slowest rank's (an all-reduce of MAX over ranks);
+the reported time is the median over the measured iterations. algbw = size / time; busbw =
+algbw x factor: all_reduce 2(n-1)/n, all_gather, reduce_scatter and all_to_all (n-1)/n,
+send_recv 1.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text.upper())
+    if not match:
+        raise ValueError(f"'{text}' is not a size such as 1K, 64M or 4G")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """`1K:4G` (powers of two from 1 KiB to 4 GiB), `1M:1G:4` (x4 steps) or `1M,8M,64M`."""
+    if ":" in text:
+        parts = text.split(":")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) > 2 else 2
+        if lo <= 0 or hi < lo or factor < 2:
+            raise ValueError(f"'{text}' needs 0 < start <= end and a factor of at least 2")
+        sizes = []
+        size = lo
+        while size <= hi:
+            sizes.append(size)
+            size *= factor
+        return sizes
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def bus_factor(collective: str, n: int) -> float:
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def _operation(collective: str, nbytes: int, world: int, rank: int, device: torch.device) -> Any:
+    """A closure running one out-of-place collective of `nbytes` (float32 elements)."""
+    elems = max(world, nbytes // 4)
+    elems -= elems % world
+    if collective == "all_reduce":
+        src = torch.ones(elems, device=device)
+        dst = torch.empty_like(src)
+
+        def run() -> None:
+            dst.copy_(src)
+            dist.all_reduce(dst)
+
+        return run
+    if collective == "all_gather":
+        src = torch.ones(elems // world, device=device)
+        out = torch.empty(elems, device=device)
+        return lambda: dist.all_gather_into_tensor(out, src)
+    if collective == "reduce_scatter":
+        src = torch.ones(elems, device=device)
+        out = torch.empty(elems // world, device=device)
+        return lambda: dist.reduce_scatter_tensor(out, src)
+    if collective == "all_to_all":
+        src = torch.ones(elems, device=device)
+        out = torch.empty_like(src)
+        return lambda: dist.all_to_all_single(out, src)
+    if collective == "send_recv":
+        buf_send = torch.ones(max(1, nbytes // 4), device=device)
+        buf_recv = torch.empty_like(buf_send)
+        peer_next, peer_prev = (rank + 1) % world, (rank - 1) % world
+
+        def run() -> None:
+            ops = [
+                dist.P2POp(dist.isend, buf_send, peer_next),
+                dist.P2POp(dist.irecv, buf_recv, peer_prev),
+            ]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+
+        return run
+    raise ValueError(collective)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sweep(
+    collectives: list[str], sizes: list[int], iters: int, warmup: int, device: torch.device
+) -> list[dict[str, Any]]:
+    """Run the sweep on the initialised default group; every rank returns the same rows."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rows = []
+    for collective in collectives:
+        if collective == "send_recv" and world < 2:
+            continue
+        for nbytes in sizes:
+            op = _operation(collective, nbytes, world, rank, device)
+            for _ in range(warmup):
+                op()
+            _sync(device)
+            times = []
+            for _ in range(iters):
+                dist.barrier()
+                _sync(device)
+                start = time.perf_counter()
+                op()
+                _sync(device)
+                times.append(time.perf_counter() - start)
+            slowest = torch.tensor(times, dtype=torch.float64, device=device)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+            per_iter = slowest.cpu().tolist()
+            median = statistics.median(per_iter)
+            algbw = nbytes / median
+            rows.append(
+                {
+                    "collective": collective,
+                    "bytes": nbytes,
+                    "time_s": median,
+                    "time_s_min": min(per_iter),
+                    "time_s_max": max(per_iter),
+                    "algbw_GBps": algbw / 1e9,
+                    "busbw_GBps": algbw * bus_factor(collective, world) / 1e9,
+                    "iters": iters,
+                }
+            )
+    return rows

@@ -1,0 +1,57 @@
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.distributed
+def test_comm_sweep_on_gloo_then_calibrate(cli, tmp_path) -> None:
+    """The README's laptop path: a real two-process gloo sweep, then a fitted cluster file."""
+    runs = tmp_path / "runs"
+    r = cli(
+        "comm",
+        "--nproc-per-node",
+        "2",
+        "--collectives",
+        "all_reduce,all_gather,send_recv",
+        "--sizes",
+        "4K:1M:4",
+        "--iters",
+        "5",
+        "--warmup",
+        "1",
+        "--out",
+        str(runs),
+        "--json",
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    record = json.loads(r.stdout)
+    assert record["kind"] == "comm" and record["status"] == "ok"
+    rows = record["measurements"]["rows"]
+    assert {x["collective"] for x in rows} == {"all_reduce", "all_gather", "send_recv"}
+    for x in rows:
+        factor = {"all_reduce": 1.0, "all_gather": 0.5, "send_recv": 1.0}[x["collective"]]  # n = 2
+        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * factor)
+        assert x["algbw_GBps"] == pytest.approx(x["bytes"] / x["time_s"] / 1e9)
+        assert x["time_s_min"] <= x["time_s"] <= x["time_s_max"]
+    out = tmp_path / "cpu.yaml"
+    c = cli("calibrate", str(runs), "--base", "cpu-gloo", "--out", str(out), "--json")
+    assert c.returncode == 0, c.stderr
+    fitted = json.loads(c.stdout)
+    assert fitted["error_after"] < fitted["error_before"]
+    assert out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--collectives", "broadcast"], "collectives:"),
+        (["--sizes", "lots"], "sizes:"),
+        (["--iters", "0"], "iters:"),
+    ],
+)
+def test_comm_bad_flags(cli, args, needle) -> None:
+    r = cli("comm", *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
