@@ -66,6 +66,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "attention_efficiency": (0.001, 1.0),
     "hbm_efficiency": (0.01, 1.0),
     "layer_overhead_us": (0.0, 1_000_000.0),
+    "collective_overhead_us": (0.0, 1_000_000.0),
     "step_overhead_ms": (0.0, 100_000.0),
     "overlap_slowdown": (0.0, 1.0),
     "compute_power_fraction": (0.0, 1.0),

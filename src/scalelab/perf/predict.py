@@ -97,7 +97,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         + comm.collective_time(comm.REDUCE_SCATTER, act_bytes, tp_group, cluster)
     )
     tp_ar = 2.0 * comm.collective_time(comm.ALL_REDUCE, act_bytes, tp_group, cluster)
-    tp_layer = np.where(t > 1, np.where(sp, tp_sp, tp_ar), 0.0)
+    # The framework's host-side cost of issuing one collective (hooks, copies, launch).
+    call_s = p.collective_overhead_us * 1e-6
+    tp_layer = np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
 
     # Context parallelism: K/V ring overlapped with attention.
     cp_group = comm.group_shape(cp, t, cluster)
@@ -137,8 +139,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         rs_shard + np.where(sharding == 4, ar_replica, 0.0),
         np.where(zero12, rs_shard, ar_full),
     )
-    grad_reduce = np.where(dp > 1, grad_reduce, 0.0)
-    ag = np.where(dp > 1, ag, 0.0)
+    grad_reduce = np.where(dp > 1, grad_reduce + call_s, 0.0)
+    ag = np.where((dp > 1) & full_shard, ag + call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
     root_scale = root_params / model.layer_params * tp_f
     root_ag = ag * root_scale

@@ -69,6 +69,7 @@ class ClusterParams(BaseModel):
     hbm_efficiency: float = Field(0.8, gt=0, le=1)
     overlap_slowdown: float = Field(0.10, ge=0, le=1)
     layer_overhead_us: float = Field(150.0, ge=0)
+    collective_overhead_us: float = Field(0.0, ge=0)
     step_overhead_ms: float = Field(20.0, ge=0)
     compute_power_fraction: float = Field(0.85, ge=0, le=1)
     comm_power_fraction: float = Field(0.72, ge=0, le=1)

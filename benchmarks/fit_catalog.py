@@ -1,0 +1,195 @@
+"""Refit the shipped clusters' parameters to public data with calibrate's core, and compare.
+
+For each fit: the data, the fitted values beside the catalog's (clusters.yaml), and for the compute
+fits the validate error (MAPE of tokens/s per GPU on that cluster's published rows) with the
+parameters at their uncalibrated defaults and at the catalog values. This is the provenance of
+the catalog; see docs/calibration.md.
+
+Run: `python benchmarks/fit_catalog.py` (about a minute).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from importlib import resources
+
+import numpy as np
+
+from scalelab.calibrate import CommPoint, StepPoint, fit
+from scalelab.spec.catalog import load_cluster
+from scalelab.spec.hardware import ClusterParams
+from scalelab.validate import SkipRowError, load_rows, predict_cases, row_to_case
+
+
+def _csv(name: str) -> list[dict[str, str]]:
+    return list(
+        csv.DictReader(
+            resources.files("scalelab").joinpath(f"data/{name}").read_text().splitlines()
+        )
+    )
+
+
+def fig2_points() -> list[CommPoint]:
+    pts = []
+    for r in _csv("paper_fig2_allreduce_busbw.csv"):
+        n = int(r["num_nodes"]) * int(r["gpus_per_node"])
+        nbytes = float(r["message_bytes"])
+        time_s = nbytes * 2 * (n - 1) / n / (float(r["busbw_GBps"]) * 1e9)
+        pts.append(CommPoint("all_reduce", nbytes, n, int(r["gpus_per_node"]), time_s, "fig2"))
+    return pts
+
+
+def node_sweep_points(prefix: str) -> list[CommPoint]:
+    pts = []
+    for r in _csv("collectives_busbw.csv"):
+        if (
+            r["gpu_type"].startswith(prefix)
+            and r["num_nodes"] == "1"
+            and r["num_gpus"] == "8"
+            and r["collective"] == "all_reduce"
+            and r["message_bytes"]
+            and r["busbw_GBps"]
+        ):
+            nbytes = float(r["message_bytes"])
+            time_s = (
+                nbytes * 2 * 7 / 8 / (float(r["busbw_GBps"]) * 1e9)
+            )  # nccl-tests busbw definition
+            pts.append(CommPoint("all_reduce", nbytes, 8, 8, time_s, prefix))
+    return pts
+
+
+def run_cases(prefix: str) -> list:
+    cases = []
+    for i, row in enumerate(load_rows(None)):
+        try:
+            case = row_to_case(i, row)
+        except SkipRowError:
+            continue
+        if case.cluster.name.startswith(prefix):
+            cases.append(case)
+    # calibrate fits one cluster: keep the rows of its most common variant (GPU memory, NICs).
+    variants = Counter(c.cluster.model_dump_json() for c in cases)
+    common = variants.most_common(1)[0][0]
+    return [c for c in cases if c.cluster.model_dump_json() == common]
+
+
+def step_points(cases: list) -> list[StepPoint]:
+    return [
+        StepPoint(
+            c.model,
+            c.layout,
+            c.layout.global_batch
+            * c.layout.seq_len
+            / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
+        )
+        for c in cases
+    ]
+
+
+def mape(cases: list, params: dict | None) -> float:
+    moved = []
+    for c in cases:
+        cluster = (
+            c.cluster
+            if params is None
+            else c.cluster.model_copy(update={"params": c.cluster.params.model_copy(update=params)})
+        )
+        moved.append(
+            type(c)(
+                c.index,
+                c.source,
+                c.sweep,
+                c.model,
+                cluster,
+                c.layout,
+                c.measured_tokens_per_s_per_gpu,
+            )
+        )
+    measured = np.array([c.measured_tokens_per_s_per_gpu for c in cases])
+    return float(np.mean(np.abs(predict_cases(moved) / measured - 1)))
+
+
+def show(title: str, cluster_name: str, result, extra: str = "") -> None:
+    catalog = load_cluster(cluster_name).params.model_dump()
+    print(f"\n## {title} ({cluster_name}) {extra}")
+    print("| parameter | fitted now | catalog |")
+    print("|---|---:|---:|")
+    for name in result.free:
+        now = result.fitted.get(name)
+        print(
+            f"| {name} | {'undetermined' if now is None else f'{now:.4g}'} | {catalog[name]:.4g} |"
+        )
+    print(
+        f"mean |error| of the fitted observations: {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %"
+    )
+
+
+def main() -> None:
+    h100 = load_cluster("h100-ib")
+    a100 = load_cluster("a100-ib")
+    show(
+        "NVLink, 8-GPU A100 all_reduce sweep",
+        "a100-ib",
+        fit(
+            a100,
+            node_sweep_points("A100"),
+            [],
+            [
+                "nvlink_bus_efficiency",
+                "nvlink_step_latency_us",
+                "base_latency_us",
+                "bandwidth_ramp_mib",
+            ],
+        ),
+    )
+    show(
+        "NVLink, 8-GPU H200 all_reduce sweep",
+        "h100-ib",
+        fit(
+            h100,
+            node_sweep_points("H200 (8x"),
+            [],
+            [
+                "nvlink_bus_efficiency",
+                "nvlink_step_latency_us",
+                "base_latency_us",
+                "bandwidth_ramp_mib",
+            ],
+        ),
+    )
+    show(
+        "network, the study's Figure 2 AllReduce",
+        "h100-ib",
+        fit(
+            h100,
+            fig2_points(),
+            [],
+            [
+                "net_bus_efficiency",
+                "net_base_latency_us",
+                "tree_level_latency_us",
+                "net_scale_degradation",
+            ],
+        ),
+    )
+    defaults = ClusterParams().model_dump()
+    for prefix, names in (
+        ("a100-ib", ["gemm_efficiency", "attention_efficiency", "hbm_efficiency"]),
+        ("v100-ib", ["gemm_efficiency", "gemm_half_gflop", "hbm_efficiency"]),
+        ("h100-hbm2e", ["gemm_efficiency", "attention_efficiency", "hbm_efficiency"]),
+    ):
+        cases = run_cases(prefix)
+        result = fit(cases[0].cluster, [], step_points(cases), names)
+        uncalibrated = {n: defaults[n] for n in names}
+        show(
+            "compute, published runs",
+            cases[0].cluster.name,
+            result,
+            f"- {len(cases)} rows; validate MAPE with default parameters {mape(cases, uncalibrated) * 100:.1f} %, "
+            f"refit now {mape(cases, result.fitted) * 100:.1f} %, catalog {mape(cases, None) * 100:.1f} %",
+        )
+
+
+if __name__ == "__main__":
+    main()
