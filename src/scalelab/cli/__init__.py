@@ -20,7 +20,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_VERB_MODULES = ("catalogs", "predict", "search", "study", "validate", "bench", "trace")
+_VERB_MODULES = (
+    "catalogs",
+    "predict",
+    "search",
+    "study",
+    "validate",
+    "bench",
+    "trace",
+    "sweep",
+    "report",
+)
 
 
 def _register_all() -> None:
