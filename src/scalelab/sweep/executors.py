@@ -175,6 +175,25 @@ _ACTIVE_STATES = (
 )  # fmt: skip
 
 
+def rendezvous(
+    nnodes: int, node: int, hostnames: list[str], job_id: str, port: int | None
+) -> list[str]:
+    """torchrun's rendezvous flags for one node of a job: c10d on the job's first host.
+
+    The first host is what `scontrol show hostnames $SLURM_JOB_NODELIST | head -1` gives (submitit
+    parses the node list the same way); the port is fixed by the sweep or derived from the job id,
+    so that jobs sharing a node do not collide. A one-node job meets on the loopback address.
+    """
+    master = hostnames[0] if nnodes > 1 and hostnames else "127.0.0.1"
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    rdzv_port = port or 29500 + int(digits[-6:]) % 2000
+    return [
+        "--nnodes", str(nnodes), "--node-rank", str(node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{rdzv_port}",
+        "--rdzv-id", f"scalelab-{job_id}",
+    ]  # fmt: skip
+
+
 def run_point_on_node(point_json: str, out: str, port: int | None) -> dict[str, Any]:
     """The job function: runs on every node of a point's job (one SLURM task per node).
 
@@ -190,14 +209,7 @@ def run_point_on_node(point_json: str, out: str, port: int | None) -> dict[str, 
     point = Point.model_validate_json(point_json)
     job = submitit.JobEnvironment()
     nnodes, node = int(job.num_nodes), int(job.node)
-    master = job.hostnames[0]
-    digits = "".join(c for c in str(job.job_id) if c.isdigit()) or "0"
-    rdzv_port = port or 29500 + int(digits[-6:]) % 2000
-    torchrun_args = [
-        "--nnodes", str(nnodes), "--node-rank", str(node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{rdzv_port}",
-        "--rdzv-id", f"scalelab-{job.job_id}",
-    ]  # fmt: skip
+    torchrun_args = rendezvous(nnodes, node, list(job.hostnames), str(job.job_id), port)
     os.environ.update(point.env)
     identity = RunIdentity(point.id, utc_now(), point.name, point.tags())
     failed = None

@@ -236,9 +236,9 @@ def run_sweep(
     """Run every point that is not done; returns each point's state."""
     progress = progress or Progress()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     executor.check(points, out)
+    out.mkdir(parents=True, exist_ok=True)
     with sweep_lock(out):
         write_plan(out, sweep_name, points)
         statuses = [classify(out, p, retry_failed) for p in points]

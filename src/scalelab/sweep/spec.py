@@ -100,7 +100,10 @@ class SweepFile(BaseModel):
         None, description="catalog cluster or YAML: search, validation, MFU peak, prediction"
     )
     nodes: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    gpus_per_node: int | None = Field(None, gt=0, description="default: the cluster's, else 1")
+    gpus_per_node: int | list[int] | None = Field(
+        None,
+        description="one value or a list (single-node scaling); default: the cluster's, else 1",
+    )
     seq_len: int | None = Field(None, gt=0, description="default: the model's")
     global_batch_per_gpu: int | None = Field(
         None, gt=0, description="weak scaling: global batch = GPUs × this (default 1)"
@@ -274,8 +277,17 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
         reference = load_cluster(cluster_arg or "h100-ib")
     except InputError as exc:
         raise InputError("cluster", exc.message) from None
-    gpn = sweep.gpus_per_node or (reference.gpus_per_node if sweep.cluster else 1)
-    cluster = _local_cluster(reference, gpn)
+    if sweep.gpus_per_node is None:
+        gpns = [reference.gpus_per_node if sweep.cluster else 1]
+    elif isinstance(sweep.gpus_per_node, int):
+        gpns = [sweep.gpus_per_node]
+    else:
+        gpns = list(sweep.gpus_per_node)
+    if not gpns:
+        raise InputError("gpus_per_node", "give at least one value")
+    for g in gpns:
+        if g < 1:
+            raise InputError("gpus_per_node", f"must be a positive integer, not {g}")
     measured = options.model_dump(exclude=set(_NOT_IN_ID))
 
     points: dict[str, Point] = {}
@@ -287,7 +299,8 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
         except InputError as exc:
             raise InputError(f"models[{mi}]", exc.message) from None
         seq_len = sweep.seq_len or spec.seq_len
-        for n in sweep.nodes:
+        for n, gpn in ((n, g) for n in sweep.nodes for g in gpns):
+            cluster = _local_cluster(reference, gpn)
             gpus = n * gpn
             if sweep.global_batch is not None:
                 batch = sweep.global_batch
