@@ -14,17 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
-TINY2 = """\
-name: llama-tiny2
-n_layers: 2
-d_model: 32
-n_heads: 4
-n_kv_heads: 2
-d_ff: 64
-vocab_size: 128
-seq_len: 16
-source: a second tiny Llama, written by the sweep tests
-"""
+EXAMPLES = ROOT / "examples" / "sweeps"
+# The README's local sweep is the one the tests run, so the two cannot drift apart.
+TINY2 = (EXAMPLES / "llama-tiny2.yaml").read_text()
+TINY_SWEEP = (EXAMPLES / "tiny-local.yaml").read_text()
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -51,24 +44,12 @@ def scalelab(
 
 
 def write_sweep(folder: Path, text: str, name: str = "tiny.yaml") -> Path:
-    """A sweep file beside a second tiny model (`tiny2.yaml`, referred to relatively)."""
+    """A sweep file beside the second tiny model (`llama-tiny2.yaml`, referred to relatively)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tiny2.yaml").write_text(TINY2)
+    (folder / "llama-tiny2.yaml").write_text(TINY2)
     path = folder / name
     path.write_text(text)
     return path
-
-
-TINY_SWEEP = """\
-name: tiny
-models: [llama-tiny, tiny2.yaml]
-nodes: [1]
-gpus_per_node: [1, 2]
-global_batch_per_gpu: 2
-layouts:
-  - {sharding: fsdp}
-bench: {steps: 2, warmup: 1, repeats: 2}
-"""
 
 
 def chromium() -> str | None:

@@ -8,7 +8,7 @@ import pytest
 
 from scalelab.cli import main
 from scalelab.sweep.spec import bench_args, expand, load_sweep
-from tests.sweep.conftest import TINY_SWEEP, write_sweep
+from tests.sweep.conftest import EXAMPLES, TINY_SWEEP, write_sweep
 
 
 def _points(tmp_path: Path, text: str) -> list:
@@ -36,7 +36,7 @@ def test_tiny_sweep_expands_to_models_x_gpus_with_stable_ids(tmp_path: Path) -> 
     assert [p.id for p in timeout] == [p.id for p in points]
     # The model file is resolved beside the sweep file, and bench gets every setting.
     args = bench_args(points[2], "/out")
-    assert args[1] == str((tmp_path / "tiny2.yaml").resolve())
+    assert args[1] == str((tmp_path / "llama-tiny2.yaml").resolve())
     for flag, value in (("--nproc-per-node", "1"), ("--steps", "2"), ("--repeats", "2")):
         assert args[args.index(flag) + 1] == value
     assert points[0].tags()["series"] == ["fsdp"]
@@ -121,3 +121,20 @@ def test_dry_run_lists_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     doc = json.loads(capsys.readouterr().out)
     assert [p["state"] for p in doc["points"]] == ["pending"] * 4
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_weak_scaling_grid(tmp_path: Path) -> None:
+    """The README's SLURM sweep: llama2-7b on 1 -> 256 nodes of 8 H100, FSDP and the best 2."""
+    sweep, base = load_sweep(EXAMPLES / "weak-scaling-slurm.yaml")
+    points = expand(sweep, base)
+    nodes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert sorted({p.nodes for p in points}) == nodes
+    for n in nodes:
+        at = [p for p in points if p.nodes == n]
+        assert {s for p in at for s in p.series} == {"fsdp", "best-1", "best-2"}
+        assert all(p.gpus == 8 * n and p.layout["global_batch"] == 8 * n for p in at)
+        assert all(p.layout["seq_len"] == 4096 for p in at)
+        fsdp = next(p for p in at if "fsdp" in p.series)
+        assert (fsdp.layout["sharding"], fsdp.layout["tp"], fsdp.layout["pp"]) == ("fsdp", 1, 1)
+    assert all(p.bench["steps"] == 50 and p.bench["repeats"] == 3 for p in points)
+    assert sweep.slurm.partition == "h100" and sweep.slurm.setup
