@@ -179,11 +179,11 @@ def sweep(
         print_json(result.to_dict())
     else:
         _table(result.statuses, f"{spec.name}: {len(points)} points in {out_dir}")
-        counts = result.count()
+        counts, actions = result.count(), result.actions()
         console.print(
             f"ok {counts.get('ok', 0)}, failed {counts.get('failed', 0) + counts.get('oom', 0)}, "
             f"not run {counts.get('pending', 0) + counts.get('interrupted', 0)}; "
-            f"skipped {counts.get('skipped', 0)} done before; {result.seconds:.1f} s"
+            f"skipped {actions.get('skipped', 0)} recorded before; {result.seconds:.1f} s"
         )
         if not result.complete and not result.interrupted:
             console.print("[dim]--retry-failed runs the failed points again[/]")

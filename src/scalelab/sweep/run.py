@@ -75,9 +75,16 @@ class SweepResult:
     seconds: float = 0.0
 
     def count(self) -> dict[str, int]:
+        """Points by state (ok, failed, oom, pending, interrupted), and `points` in all."""
         counts: dict[str, int] = {"points": len(self.statuses)}
         for s in self.statuses:
             counts[s.state] = counts.get(s.state, 0) + 1
+        return counts
+
+    def actions(self) -> dict[str, int]:
+        """Points by what this sweep did with them (skipped, ran, retried, pending)."""
+        counts: dict[str, int] = {}
+        for s in self.statuses:
             counts[s.action] = counts.get(s.action, 0) + 1
         return counts
 
@@ -93,6 +100,7 @@ class SweepResult:
             "interrupted": self.interrupted,
             "seconds": round(self.seconds, 3),
             "counts": self.count(),
+            "actions": self.actions(),
             "points": [s.to_dict() for s in self.statuses],
         }
 
