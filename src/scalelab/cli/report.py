@@ -10,7 +10,10 @@ import typer
 from scalelab.cli.common import JsonOpt, console, print_json
 
 DirArg = Annotated[
-    Path, typer.Argument(help="folder of records (a sweep's --out, or bench's)", show_default=False)
+    Path,
+    typer.Argument(
+        help="folder of records (a sweep's --out, or bench's)", show_default=False, metavar="DIR"
+    ),
 ]
 OutOpt = Annotated[
     Path | None, typer.Option("--out", "-o", help="folder of the report (default: DIR/report)")

@@ -16,7 +16,9 @@ from scalelab.errors import InputError
 from scalelab.sweep.run import PointStatus
 from scalelab.sweep.run import Progress as SweepProgress
 
-SweepArg = Annotated[Path, typer.Argument(help="the sweep file (YAML)", show_default=False)]
+SweepArg = Annotated[
+    Path, typer.Argument(help="the sweep file (YAML)", show_default=False, metavar="SWEEP")
+]
 ExecutorOpt = Annotated[
     str, typer.Option("--executor", "-e", help="local (torchrun here) | slurm (submitit)")
 ]
