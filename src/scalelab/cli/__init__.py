@@ -30,6 +30,8 @@ _VERB_MODULES = (
     "trace",
     "comm",
     "calibrate",
+    "sweep",
+    "report",
 )
 
 

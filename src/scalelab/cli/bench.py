@@ -228,7 +228,8 @@ def bench(
             _exit(rc)
             return
     else:
-        identity = RunIdentity.new(spec, layout)
+        # A caller that runs many benchmarks (scalelab sweep) may fix the run's identity.
+        identity = RunIdentity.from_env() or RunIdentity.new(spec, layout)
         failed = base_record(identity, spec, layout, options, cluster_name, "failed")
         argv = _worker_argv(
             model, layout, options, cluster, seq_len or spec.seq_len, json_out=False

@@ -13,6 +13,7 @@ no record at all rather than a partial one.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import sys
 import threading
 import traceback
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -75,10 +77,18 @@ def layout_label(layout: Layout) -> str:
 
 
 class RunIdentity:
-    """The run id, creation time and file name every rank of one run shares."""
+    """The run id, creation time and file name every rank of one run shares.
 
-    def __init__(self, run_id: str, created_utc: str, name: str) -> None:
+    A caller that runs many benchmarks (`scalelab sweep`) chooses them itself, so that it finds a
+    run's record by name, and may attach `tags` (JSON) that land in the record's
+    `workload["tags"]`; it passes them as `SCALELAB_RUN_*` environment variables.
+    """
+
+    def __init__(
+        self, run_id: str, created_utc: str, name: str, tags: dict[str, Any] | None = None
+    ) -> None:
         self.run_id, self.created_utc, self.name = run_id, created_utc, name
+        self.tags = tags
 
     @classmethod
     def new(cls, spec: ModelSpec, layout: Layout) -> RunIdentity:
@@ -93,17 +103,28 @@ class RunIdentity:
     def from_env(cls) -> RunIdentity | None:
         env = os.environ
         if all(k in env for k in ("SCALELAB_RUN_ID", "SCALELAB_RUN_CREATED", "SCALELAB_RUN_NAME")):
+            tags = None
+            if env.get("SCALELAB_RUN_TAGS"):
+                with contextlib.suppress(ValueError):
+                    loaded = json.loads(env["SCALELAB_RUN_TAGS"])
+                    tags = loaded if isinstance(loaded, dict) else None
             return cls(
-                env["SCALELAB_RUN_ID"], env["SCALELAB_RUN_CREATED"], env["SCALELAB_RUN_NAME"]
+                env["SCALELAB_RUN_ID"],
+                env["SCALELAB_RUN_CREATED"],
+                env["SCALELAB_RUN_NAME"],
+                tags,
             )
         return None
 
     def to_env(self) -> dict[str, str]:
-        return {
+        env = {
             "SCALELAB_RUN_ID": self.run_id,
             "SCALELAB_RUN_CREATED": self.created_utc,
             "SCALELAB_RUN_NAME": self.name,
         }
+        if self.tags:
+            env["SCALELAB_RUN_TAGS"] = json.dumps(self.tags, sort_keys=True)
+        return env
 
 
 def workload(spec: ModelSpec, layout: Layout, options: BenchOptions) -> dict[str, Any]:
@@ -140,6 +161,9 @@ def base_record(
     status: str,
     error: str | None = None,
 ) -> Record:
+    work = workload(spec, layout, options)
+    if identity.tags:
+        work["tags"] = identity.tags
     return Record(
         kind="bench",
         run_id=identity.run_id,
@@ -147,7 +171,7 @@ def base_record(
         created_utc=identity.created_utc,
         status=status,  # type: ignore[arg-type]
         error=error,
-        workload=workload(spec, layout, options),
+        workload=work,
         layout=layout.model_dump(),
         cluster=cluster_name,
     )
@@ -433,12 +457,17 @@ def launch(
     nproc_per_node: int,
     identity: RunIdentity,
     out_dir: Path,
-    failed_record: Record,
+    failed_record: Record | None,
+    torchrun_args: Sequence[str] = ("--standalone",),
 ) -> tuple[int, Path | None]:
-    """Run `python -m scalelab <worker_argv>` under `torchrun --standalone`; returns (rc, record).
+    """Run `python -m scalelab <worker_argv>` under torchrun; returns (rc, record).
 
-    torchrun's stderr is passed through and its tail kept to name the failed rank if the job dies
-    without writing a record itself.
+    `torchrun_args` set up the rendezvous: `--standalone` on one machine, or `--nnodes`,
+    `--node-rank`, `--rdzv-backend c10d`, `--rdzv-endpoint HOST:PORT` on each node of a multi-node
+    job. torchrun's stderr is passed through and its tail kept to name the failed rank if the job
+    dies without writing a record itself; then `failed_record` is written (pass None on every node
+    but the first, so that one node speaks for the job). A run interrupted with Ctrl-C writes no
+    record: it was stopped, not failed.
     """
     env = dict(os.environ)
     env.update(identity.to_env())
@@ -449,7 +478,7 @@ def launch(
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        sys.executable, "-m", "torch.distributed.run", *torchrun_args,
         f"--nproc-per-node={nproc_per_node}", "-m", "scalelab", *worker_argv,
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -476,16 +505,18 @@ def launch(
         proc.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
+    interrupted = False
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
+        interrupted = True
         proc.send_signal(signal.SIGINT)
         rc = proc.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
         reader.join(timeout=5)
     final = out_dir / f"{identity.name}.json"
-    if rc == 0:
+    if rc == 0 or interrupted:
         return rc, final if final.exists() else None
     culprit = _culprit("".join(tail))
     who = f"rank {culprit[0]}" if culprit else "an unknown rank"
@@ -501,6 +532,8 @@ def launch(
             record.notes.pop("error")
             write_record(record, out_dir)
         return rc, final
+    if failed_record is None:
+        return rc, None
     failed_record.error = (
         f"{who} died{how} without reporting an error; torchrun exited with code {rc}"
     )

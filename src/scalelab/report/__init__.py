@@ -1,0 +1,108 @@
+"""`scalelab report`: tables, figures and an HTML page from a folder of bench records.
+
+No torch here: a report is made wherever the records are copied to. `data` turns records into
+one row per (model, series, GPUs) with 95 % intervals, `figures` draws each metric against GPU
+count, `html` writes the page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalelab.io import atomic_write_text
+
+
+@dataclass
+class ReportResult:
+    out: Path
+    records: int
+    ok: int
+    failed: int
+    configurations: int
+    html: Path
+    figures: dict[str, Path]
+    tables: list[Path]
+    exports: list[Path]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "records": self.records,
+            "ok": self.ok,
+            "failed": self.failed,
+            "configurations": self.configurations,
+            "html": str(self.html),
+            "figures": {k: str(v) for k, v in self.figures.items()},
+            "tables": [str(p) for p in self.tables],
+            "exports": [str(p) for p in self.exports],
+            "notes": self.notes,
+        }
+
+
+def build_report(
+    records_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    predict: bool = False,
+    cluster: str | None = None,
+) -> ReportResult:
+    """Load every bench record under `records_dir` and write the report into `out`."""
+    import pandas as pd
+
+    from scalelab.report import data, figures, html
+    from scalelab.results import export, record_row
+    from scalelab.spec.catalog import load_cluster
+    from scalelab.studies.common import write_csv
+
+    src = Path(records_dir)
+    dest = Path(out) if out is not None else src / "report"
+    if cluster is not None:
+        load_cluster(cluster)  # a bad name is one clear line before any work
+    loaded = data.load(src)
+    obs = data.observations(loaded)
+    notes = data.add_predictions(obs, cluster) if predict else []
+    rows = data.aggregate(obs)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    frame_rows = []
+    for path, record in loaded:
+        row = record_row(record)
+        row["path"] = str(path)
+        frame_rows.append(row)
+    df = pd.DataFrame(frame_rows)
+    exports = [export(df, dest / "records.parquet"), export(df, dest / "records.csv")]
+    summary = [r.flat() for r in rows]
+    tables = [write_csv(dest / "summary.csv", summary)] if summary else []
+    figs = figures.all_figures(rows, dest, predict)
+    page = html.page(
+        title=f"scalelab report: {src.resolve().name}",
+        source=str(src),
+        rows=rows,
+        obs=obs,
+        figures=figs,
+        out=dest,
+        predicted=predict,
+        unmeasured=data.unmeasured_reasons(obs),
+        notes=notes,
+        exports=[*exports, *tables],
+    )
+    index = atomic_write_text(dest / "index.html", page)
+    ok = sum(1 for o in obs if o.status == "ok")
+    return ReportResult(
+        out=dest,
+        records=len(obs),
+        ok=ok,
+        failed=len(obs) - ok,
+        configurations=len(rows),
+        html=index,
+        figures=figs,
+        tables=tables,
+        exports=exports,
+        notes=notes,
+    )
+
+
+__all__ = ["ReportResult", "build_report"]

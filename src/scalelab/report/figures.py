@@ -1,0 +1,126 @@
+"""The report's figures: each metric against GPU count, one line per (model, series).
+
+Measured points carry error bars from the 95 % interval over the pooled repeats (none with a
+single repeat); predictions, when asked for, are dashed lines with hollow markers in the same
+colour. A last figure puts measured over predicted throughput per configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scalelab.report.data import METRICS, Metric, Row
+from scalelab.studies.common import gpu_axis, pyplot, save_figure
+
+
+def _series(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
+    out: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        out.setdefault((r.model, r.series), []).append(r)
+    for members in out.values():
+        members.sort(key=lambda r: r.gpus)
+    return out
+
+
+def has_data(rows: Sequence[Row], metric: Metric, predicted: bool) -> bool:
+    measured = any(r.measured.get(metric.key, {}).get("mean") is not None for r in rows)
+    pred = predicted and any(r.predicted.get(metric.key) is not None for r in rows)
+    return measured or pred
+
+
+def metric_figure(rows: Sequence[Row], metric: Metric, path: Path, predicted: bool) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    gpus: set[int] = set()
+    for i, ((model, series), members) in enumerate(sorted(_series(rows).items())):
+        color = colors[i % len(colors)]
+        xs, ys, lo, hi = [], [], [], []
+        for r in members:
+            st = r.measured.get(metric.key, {})
+            if st.get("mean") is None:
+                continue
+            mean = st["mean"] * metric.scale
+            xs.append(r.gpus)
+            ys.append(mean)
+            low, high = st.get("ci95_low"), st.get("ci95_high")
+            lo.append(mean - low * metric.scale if low is not None else 0.0)
+            hi.append(high * metric.scale - mean if high is not None else 0.0)
+        if xs:
+            gpus.update(xs)
+            ax.errorbar(
+                xs, ys, yerr=[lo, hi], marker="o", capsize=4, color=color,
+                label=f"{model} {series} (measured)",
+            )  # fmt: skip
+        if predicted:
+            px = [r.gpus for r in members if r.predicted.get(metric.key) is not None]
+            py = [
+                (r.predicted[metric.key] or 0.0) * metric.scale
+                for r in members
+                if r.predicted.get(metric.key) is not None
+            ]
+            if px:
+                gpus.update(px)
+                ax.plot(
+                    px, py, linestyle="--", marker="o", markerfacecolor="none", color=color,
+                    label=f"{model} {series} (predicted)",
+                )  # fmt: skip
+    if gpus:
+        gpu_axis(ax, sorted(gpus))
+    ax.set_ylabel(f"{metric.label} ({metric.unit})")
+    title = f"{metric.label} vs GPUs"
+    ax.set_title(title + ("\n" + metric.note if metric.note else ""), fontsize=10)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def ratio_figure(rows: Sequence[Row], path: Path) -> Path | None:
+    """Measured ÷ predicted global throughput, per configuration."""
+    plt = pyplot()
+    points: list[tuple[str, int, float, Any]] = []
+    for r in rows:
+        st = r.measured.get("tokens_per_s", {})
+        pred = r.predicted.get("tokens_per_s")
+        if st.get("mean") is None or not pred:
+            continue
+        points.append((f"{r.model} {r.series}", r.gpus, st["mean"] / pred, st))
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    labels = sorted({p[0] for p in points})
+    for i, label in enumerate(labels):
+        mine = sorted((p for p in points if p[0] == label), key=lambda p: p[1])
+        xs = [p[1] for p in mine]
+        ys = [p[2] for p in mine]
+        lo: list[float] = []
+        hi: list[float] = []
+        for _, _, ratio, st in mine:
+            predicted = st["mean"] / ratio  # the prediction the ratio was taken against
+            low, high = st.get("ci95_low"), st.get("ci95_high")
+            lo.append((st["mean"] - low) / predicted if low is not None else 0.0)
+            hi.append((high - st["mean"]) / predicted if high is not None else 0.0)
+        ax.errorbar(
+            xs, ys, yerr=[lo, hi], marker="o", capsize=4, color=colors[i % len(colors)], label=label
+        )
+    ax.axhline(1.0, color="grey", linestyle=":")
+    gpu_axis(ax, sorted({p[1] for p in points}))
+    ax.set_ylabel("measured ÷ predicted tokens/s")
+    ax.set_title("measured against predicted throughput (1 = the predictor is exact)", fontsize=10)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def all_figures(rows: Sequence[Row], out: Path, predicted: bool) -> dict[str, Path]:
+    """Write every figure that has data; returns {metric key (or 'ratio'): path}."""
+    figures: dict[str, Path] = {}
+    for metric in METRICS:
+        if has_data(rows, metric, predicted):
+            figures[metric.key] = metric_figure(rows, metric, out / f"{metric.key}.png", predicted)
+    if predicted:
+        ratio = ratio_figure(rows, out / "measured_vs_predicted.png")
+        if ratio is not None:
+            figures["ratio"] = ratio
+    return figures

@@ -1,0 +1,411 @@
+"""Where a sweep's points run: `local` (torchrun on this machine) or `slurm` (one job per point).
+
+Both run `scalelab bench` for a point with the point's record name and tags in `SCALELAB_RUN_*`,
+so the record lands at `<out>/<point.name>.json`, written atomically by the harness. An executor
+only starts points and says when each has ended; `run.py` reads the records.
+
+`local` starts each point as a subprocess (`scalelab bench --nproc-per-node G`, which launches
+torchrun itself), in its own process group so that an interrupted sweep can end the whole point
+with SIGKILL, leaving no record rather than a failed one. `slurm` submits each point through
+submitit as a job of `nodes` nodes, one task per node; each task starts torchrun with a c10d
+rendezvous on the first host of the job (`--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID
+--rdzv-endpoint HOST:PORT`). The cluster's SLURM does the scheduling: points are submitted as job
+arrays, one per node count, with `--max-parallel` as the array's throttle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from scalelab.errors import InputError
+from scalelab.io import atomic_write_text
+from scalelab.results import utc_now
+from scalelab.sweep.spec import Point, SlurmOptions, bench_args, check_slurm_value
+
+STATE_DIR = ".sweep"  # hidden: record loaders skip it
+
+
+@dataclass
+class Ended:
+    """How a point's job ended, as the executor saw it."""
+
+    point: Point
+    returncode: int | None
+    detail: str
+    interrupted: bool = False  # stopped from outside (scheduler, signal): not the point's failure
+    log: Path | None = None
+
+
+Started = Callable[[Point, str], None]
+Finished = Callable[[Ended], None]
+
+
+class Executor(Protocol):
+    name: str
+
+    def check(self, points: Sequence[Point], out: Path) -> None: ...
+
+    def run(
+        self, points: Sequence[Point], out: Path, started: Started, ended: Finished
+    ) -> None: ...
+
+
+def scalelab_src() -> str:
+    """The folder this scalelab is imported from, for the PYTHONPATH of every child process."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def point_env(point: Point, created_utc: str) -> dict[str, str]:
+    """The environment that gives a bench run the point's identity, tags and settings."""
+    env = dict(point.env)
+    env.update(
+        SCALELAB_RUN_ID=point.id,
+        SCALELAB_RUN_CREATED=created_utc,
+        SCALELAB_RUN_NAME=point.name,
+        SCALELAB_RUN_TAGS=json.dumps(point.tags(), sort_keys=True),
+    )
+    return env
+
+
+def _die_with_parent() -> None:
+    """In a child: a new process group, and SIGKILL when the sweep dies (Linux)."""
+    os.setpgrp()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class LocalExecutor:
+    """Each point as `scalelab bench` (torchrun) on this machine, `max_parallel` at a time."""
+
+    name = "local"
+
+    def __init__(self, max_parallel: int = 1, poll_s: float = 0.2) -> None:
+        if max_parallel < 1:
+            raise InputError("max-parallel", f"must be a positive integer, not {max_parallel}")
+        self.max_parallel = max_parallel
+        self.poll_s = poll_s
+
+    def check(self, points: Sequence[Point], out: Path) -> None:
+        for p in points:
+            if p.nodes != 1:
+                raise InputError(
+                    "nodes",
+                    f"the local executor runs on this one machine: {p.nodes} nodes is for "
+                    "--executor slurm (or set nodes: [1])",
+                )
+
+    def command(self, point: Point, out: Path) -> list[str]:
+        return [sys.executable, "-m", "scalelab", *bench_args(point, out)]
+
+    def run(self, points: Sequence[Point], out: Path, started: Started, ended: Finished) -> None:
+        logs = out / STATE_DIR / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        queue = deque(points)
+        running: dict[int, tuple[subprocess.Popen[bytes], Point, Path, IO[bytes]]] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.max_parallel:
+                    point = queue.popleft()
+                    env = dict(os.environ)
+                    env.update(point_env(point, utc_now()))
+                    src = scalelab_src()
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        p for p in (src, env.get("PYTHONPATH", "")) if p
+                    )
+                    env.setdefault("OMP_NUM_THREADS", "1")
+                    log = logs / f"{point.name}.log"
+                    fh: IO[bytes] = open(log, "ab")  # noqa: SIM115 (closed when the point ends)
+                    proc = subprocess.Popen(
+                        self.command(point, out),
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_die_with_parent,
+                    )
+                    running[proc.pid] = (proc, point, log, fh)
+                    started(point, f"pid {proc.pid}")
+                for pid, entry in list(running.items()):
+                    rc = entry[0].poll()
+                    if rc is None:
+                        continue
+                    del running[pid]
+                    entry[3].close()
+                    ended(Ended(entry[1], rc, _exit_detail(rc), log=entry[2]))
+                if running:
+                    time.sleep(self.poll_s)
+        finally:
+            for entry in running.values():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(entry[0].pid, signal.SIGKILL)
+                entry[0].wait()
+                entry[3].close()
+
+
+def _exit_detail(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+# SLURM ---------------------------------------------------------------------------------------
+
+# Job states in which the job was stopped from outside rather than failing by itself.
+_STOPPED_STATES = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
+_ACTIVE_STATES = (
+    "PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
+    "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED",
+)  # fmt: skip
+
+
+def rendezvous(
+    nnodes: int, node: int, hostnames: list[str], job_id: str, port: int | None
+) -> list[str]:
+    """torchrun's rendezvous flags for one node of a job: c10d on the job's first host.
+
+    The first host is what `scontrol show hostnames $SLURM_JOB_NODELIST | head -1` gives (submitit
+    parses the node list the same way); the port is fixed by the sweep or derived from the job id,
+    so that jobs sharing a node do not collide. A one-node job meets on the loopback address.
+    """
+    master = hostnames[0] if nnodes > 1 and hostnames else "127.0.0.1"
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    rdzv_port = port or 29500 + int(digits[-6:]) % 2000
+    return [
+        "--nnodes", str(nnodes), "--node-rank", str(node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{rdzv_port}",
+        "--rdzv-id", f"scalelab-{job_id}",
+    ]  # fmt: skip
+
+
+def run_point_on_node(point_json: str, out: str, port: int | None) -> dict[str, Any]:
+    """The job function: runs on every node of a point's job (one SLURM task per node).
+
+    Starts torchrun with a c10d rendezvous on the job's first host; the first node writes a
+    failed record if the job ends badly without one (the harness names the rank that died).
+    """
+    import submitit
+
+    from scalelab.measure.launch import RunIdentity, base_record, launch
+    from scalelab.spec.catalog import load_model
+    from scalelab.spec.layout import Layout
+
+    point = Point.model_validate_json(point_json)
+    job = submitit.JobEnvironment()
+    nnodes, node = int(job.num_nodes), int(job.node)
+    torchrun_args = rendezvous(nnodes, node, list(job.hostnames), str(job.job_id), port)
+    os.environ.update(point.env)
+    identity = RunIdentity(point.id, utc_now(), point.name, point.tags())
+    failed = None
+    if node == 0:
+        from scalelab.measure.config import BenchOptions
+
+        options = BenchOptions(**point.bench, out_dir=out)
+        failed = base_record(
+            identity,
+            load_model(point.model),
+            Layout(**point.layout),
+            options,
+            point.cluster,
+            "failed",
+        )
+    argv = bench_args(point, out)
+    rc, path = launch(argv, point.gpus_per_node, identity, Path(out), failed, torchrun_args)
+    return {"node": node, "returncode": rc, "record": str(path) if path else None}
+
+
+class SlurmExecutor:
+    """Each point as a SLURM job through submitit (nodes × GPUs per node, one task per node).
+
+    `backend` is submitit's cluster: "slurm" on a cluster; "local" or "debug" run the same job
+    function on this machine (tests, trying a sweep out).
+    """
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        options: SlurmOptions,
+        max_parallel: int | None = None,
+        backend: str = "slurm",
+        poll_s: float = 10.0,
+    ) -> None:
+        if max_parallel is not None and max_parallel < 1:
+            raise InputError("max-parallel", f"must be a positive integer, not {max_parallel}")
+        for key, value in options.model_dump().items():
+            if isinstance(value, str):
+                check_slurm_value(f"slurm.{key}", value)
+        self.options = options
+        self.max_parallel = max_parallel
+        self.backend = backend
+        self.poll_s = poll_s
+
+    def check(self, points: Sequence[Point], out: Path) -> None:
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise InputError(
+                "executor", "--executor slurm needs submitit: pip install 'scalelab[measure]'"
+            ) from None
+        if "%" in str(out.resolve()):
+            raise InputError(
+                "out", "SLURM reads % in log paths as a pattern: choose a folder without %"
+            )
+        check_slurm_value("out", str(out.resolve()))
+
+    def folder(self, out: Path) -> Path:
+        return (out / STATE_DIR / "slurm").resolve()
+
+    def parameters(self, point: Point, sweep_name: str) -> dict[str, Any]:
+        """submitit's (AutoExecutor) parameters for a point's job."""
+        o = self.options
+        params: dict[str, Any] = {
+            "name": f"scalelab-{sweep_name}",
+            "nodes": point.nodes,
+            "tasks_per_node": 1,
+            "gpus_per_node": point.gpus_per_node,
+            "timeout_min": o.time_min,
+        }
+        if o.cpus_per_task is not None:
+            params["cpus_per_task"] = o.cpus_per_task
+        if o.mem_gb is not None:
+            params["mem_gb"] = o.mem_gb
+        slurm: dict[str, Any] = {
+            "partition": o.partition,
+            "account": o.account,
+            "qos": o.qos,
+            "constraint": o.constraint,
+            "exclusive": True if o.exclusive else None,
+            "setup": list(o.setup) or None,
+            "additional_parameters": dict(o.additional) or None,
+            "array_parallelism": self.max_parallel,
+        }
+        params.update({f"slurm_{k}": v for k, v in slurm.items() if v is not None})
+        return params
+
+    def _executor(self, out: Path, point: Point, sweep_name: str) -> Any:
+        import submitit
+
+        kwargs: dict[str, Any] = {}
+        if self.options.python and self.backend == "slurm":
+            kwargs["slurm_python"] = self.options.python
+        try:
+            ex = submitit.AutoExecutor(folder=self.folder(out), cluster=self.backend, **kwargs)
+        except RuntimeError as exc:
+            raise InputError("executor", f"no SLURM here ({exc}): use --executor local") from None
+        ex.update_parameters(**self.parameters(point, sweep_name))
+        return ex
+
+    def submit(self, points: Sequence[Point], out: Path) -> list[tuple[Point, Any]]:
+        """Submit points, one job array per node count; returns (point, submitit job) pairs."""
+        groups: dict[tuple[int, int], list[Point]] = {}
+        for p in points:
+            groups.setdefault((p.nodes, p.gpus_per_node), []).append(p)
+        submitted: list[tuple[Point, Any]] = []
+        for group in groups.values():
+            ex = self._executor(out, group[0], group[0].sweep)
+            with ex.batch():
+                jobs = [
+                    ex.submit(
+                        run_point_on_node,
+                        p.model_dump_json(),
+                        str(out.resolve()),
+                        self.options.port,
+                    )
+                    for p in group
+                ]
+            submitted.extend(zip(group, jobs, strict=True))
+        self._remember(out, submitted)
+        return submitted
+
+    def _jobs_file(self, out: Path) -> Path:
+        return out / STATE_DIR / "jobs.json"
+
+    def _remember(self, out: Path, submitted: list[tuple[Point, Any]]) -> None:
+        path = self._jobs_file(out)
+        known = self.known_jobs(out)
+        known.update({p.id: str(job.job_id) for p, job in submitted})
+        atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
+
+    def known_jobs(self, out: Path) -> dict[str, str]:
+        path = self._jobs_file(out)
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            return {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+    def _reattach(self, points: Sequence[Point], out: Path) -> list[tuple[Point, Any]]:
+        """Jobs of an earlier `scalelab sweep` that SLURM still has queued or running."""
+        if self.backend != "slurm":
+            return []
+        from submitit.slurm.slurm import SlurmJob
+
+        known = self.known_jobs(out)
+        attached: list[tuple[Point, Any]] = []
+        for p in points:
+            if p.id in known:
+                job: Any = SlurmJob(folder=self.folder(out), job_id=known[p.id])
+                with contextlib.suppress(Exception):
+                    if job.state.split()[0] in _ACTIVE_STATES:
+                        attached.append((p, job))
+        return attached
+
+    def run(self, points: Sequence[Point], out: Path, started: Started, ended: Finished) -> None:
+        attached = self._reattach(points, out)
+        ids = {p.id for p, _ in attached}
+        jobs = attached + self.submit([p for p in points if p.id not in ids], out)
+        for p, job in jobs:
+            started(p, f"job {job.job_id}" + (" (still queued from before)" if p.id in ids else ""))
+        waiting = list(jobs)
+        while waiting:
+            still = []
+            for p, job in waiting:
+                if not job.done():
+                    still.append((p, job))
+                    continue
+                ended(self._ended(p, job))
+            waiting = still
+            if waiting:
+                time.sleep(self.poll_s)
+
+    def _ended(self, point: Point, job: Any) -> Ended:
+        state = str(job.state)
+        log = None
+        with contextlib.suppress(Exception):
+            log = Path(job.paths.stderr)
+        stopped = any(state.startswith(s) for s in _STOPPED_STATES)
+        try:
+            results = job.results()
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            detail = f"job {job.job_id} {state}: {text[-1] if text else type(exc).__name__}"
+            return Ended(point, None, detail, interrupted=stopped, log=log)
+        codes = [r.get("returncode") for r in results if isinstance(r, dict)]
+        rc = next((c for c in codes if c), 0)
+        return Ended(point, rc, f"job {job.job_id} {state}, torchrun exit code {rc}", log=log)
+
+    def job_script(self, point: Point, out: Path) -> str:
+        """The sbatch script submitit writes for a point's job (for --dry-run and tests)."""
+        if self.backend != "slurm":
+            raise InputError("executor", "job scripts exist for the slurm backend only")
+        inner = self._executor(out, point, point.sweep)._executor
+        return str(inner._make_submission_file_text(inner._submitit_command_str, "preview"))

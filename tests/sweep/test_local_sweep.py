@@ -1,0 +1,140 @@
+"""A local sweep of tiny CPU points end to end: kill and resume, a failing point, the report.
+
+2 models × world sizes 1 and 2 (4 points, 2 repeats inside each bench run). The sweep is killed
+(SIGKILL to its process group) as soon as its first record appears, then run again: the finished
+points are skipped, the rest run, and no half-written file is ever left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scalelab.results import load_record, record_paths
+from tests.sweep.conftest import TINY_SWEEP, child_env, dump_dom, scalelab, write_sweep
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the tiny sweep, kill it after its first record, and resume it."""
+    folder = tmp_path_factory.mktemp("sweep")
+    sweep = write_sweep(folder, TINY_SWEEP)
+    out = folder / "out"
+    cmd = [sys.executable, "-m", "scalelab", "sweep", str(sweep), "--out", str(out)]
+    proc = subprocess.Popen(
+        cmd,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    first: list[Path] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        first = list(out.glob("*.json"))
+        if first:
+            break
+        time.sleep(0.05)
+    assert first, "no record appeared before the deadline"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_with = {p.name: load_record(p).status for p in out.glob("*.json")}
+    time.sleep(1.0)  # the killed point's processes end (they die with the sweep)
+    resumed = scalelab("sweep", str(sweep), "--out", str(out), "--json", timeout=300)
+    return {
+        "out": out,
+        "sweep": sweep,
+        "killed_with": killed_with,
+        "resumed": resumed,
+    }
+
+
+def test_resume_after_kill_skips_done_points_and_completes(swept: dict[str, Any]) -> None:
+    resumed = swept["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    doc = json.loads(resumed.stdout)
+    points = doc["points"]
+    assert doc["complete"] and len(points) == 4
+    assert all(p["state"] == "ok" for p in points)
+    ok_before = {name for name, status in swept["killed_with"].items() if status == "ok"}
+    assert ok_before, swept["killed_with"]
+    skipped = {Path(p["record"]).name for p in points if p["action"] == "skipped"}
+    ran = {Path(p["record"]).name for p in points if p["action"] == "ran"}
+    assert skipped == ok_before  # exactly what was done before the kill
+    assert len(ran) == 4 - len(ok_before)
+
+    out: Path = swept["out"]
+    records = {p.name: load_record(p) for p in record_paths(out)}
+    assert set(records) == {Path(p["record"]).name for p in points}
+    # No half-written file: only whole records in the folder, no temporary left behind.
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+    for name, record in records.items():
+        assert record.status == "ok"
+        assert name == f"{record.name}.json"
+        tags = record.workload["tags"]
+        assert tags["sweep"] == "tiny" and tags["series"] == ["fsdp"]
+        assert record.layout is not None and record.layout["gpus"] == tags["gpus_per_node"]
+        assert record.summary["tokens_per_s"]["n"] == 2  # 2 repeats, so an interval
+        assert record.summary["tokens_per_s"]["ci95_low"] is not None
+    # A third run runs nothing.
+    again = scalelab("sweep", str(swept["sweep"]), "--out", str(out), "--json")
+    assert again.returncode == 0
+    assert {p["action"] for p in json.loads(again.stdout)["points"]} == {"skipped"}
+
+
+def test_failed_point_is_recorded_kept_and_retried(tmp_path: Path) -> None:
+    sweep = write_sweep(
+        tmp_path,
+        "models: [llama-tiny]\nbench: {steps: 2, warmup: 1, repeats: 1, seed: 7}\n",
+        "fail.yaml",
+    )
+    out = tmp_path / "out"
+    # The point fails on purpose (the harness's fault hook: rank 0 raises at step 1).
+    failed = scalelab("sweep", str(sweep), "--out", str(out), "--json", SCALELAB_FAULT="0:1")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    point = json.loads(failed.stdout)["points"][0]
+    assert point["state"] == "failed" and "injected failure" in point["detail"]
+    record = load_record(point["record"])
+    assert record.status == "failed" and "rank 0" in (record.error or "")
+
+    kept = scalelab("sweep", str(sweep), "--out", str(out), "--json")
+    assert kept.returncode == 1
+    assert json.loads(kept.stdout)["points"][0]["action"] == "skipped"
+    assert load_record(point["record"]).created_utc == record.created_utc
+
+    retried = scalelab("sweep", str(sweep), "--out", str(out), "--json", "--retry-failed")
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    again = json.loads(retried.stdout)["points"][0]
+    assert again["state"] == "ok" and again["action"] == "retried"
+    assert load_record(again["record"]).status == "ok"
+    # The failed attempt is kept out of the way, where loaders do not look.
+    attempts = list((out / ".sweep" / "attempts").glob("*.json"))
+    assert len(attempts) == 1 and load_record(attempts[0]).status == "failed"
+    assert len(record_paths(out)) == 1
+
+
+def test_report_of_the_sweep(swept: dict[str, Any], tmp_path: Path) -> None:
+    report = tmp_path / "report"
+    done = scalelab("report", str(swept["out"]), "--out", str(report), "--predict", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["records"] == 4 and doc["ok"] == 4 and doc["configurations"] == 4
+    for name in ("index.html", "records.parquet", "records.csv", "summary.csv"):
+        assert (report / name).is_file(), name
+    # Throughput against GPU count, measured and predicted; no energy on CPU.
+    assert {"tokens_per_s_per_gpu", "tokens_per_s", "ratio"} <= set(doc["figures"])
+    dom = dump_dom(report / "index.html")
+    n = len(doc["figures"])
+    assert f'data-figures-total="{n}"' in dom and f'data-figures-loaded="{n}"' in dom, dom[:400]
+    assert 'data-figures-broken=""' in dom
+    assert "no CUDA device" in dom  # why power and energy are absent

@@ -1,0 +1,176 @@
+"""`scalelab report` on hand-made records: intervals computed by hand, predictions, the page."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scalelab.cli import main
+from scalelab.report import build_report
+from scalelab.results import Record, write_record
+from scalelab.spec.catalog import load_model
+from tests.sweep.conftest import dump_dom
+
+SPEC = load_model("llama2-7b")
+
+
+def _record(name: str, gpus: int, per_gpu: list[float], **extra: Any) -> Record:
+    """A bench record of llama2-7b on `gpus` GPUs with these per-repeat per-GPU throughputs."""
+    seq, batch, steps = 4096, gpus, 10
+    tokens = batch * seq * steps
+    repeats = []
+    for v in per_gpu:
+        window = tokens / (v * gpus)
+        repeats.append(
+            {
+                "repeat": len(repeats),
+                "window_s": window,
+                "step_time_s": [window / steps] * steps,
+                "tokens_per_s_per_gpu": v,
+                "mfu": v * SPEC.model_flops_per_token(seq) / 989e12,
+                "avg_power_w": 600.0 * gpus,
+                "tokens_per_j": v / 600.0,
+            }
+        )
+    layout = {"gpus": gpus, "global_batch": batch, "seq_len": seq, "sharding": "fsdp", "tp": 1}
+    return Record(
+        kind="bench",
+        run_id=name,
+        name=name,
+        created_utc="2026-01-01T00:00:00Z",
+        status=extra.pop("status", "ok"),
+        error=extra.pop("error", None),
+        workload={
+            "model": "llama2-7b",
+            "model_spec": SPEC.model_dump(),
+            "steps": steps,
+            "tokens_per_step": batch * seq,
+            "tags": {"sweep": "weak", "series": ["fsdp"], "nodes": gpus // 8, "run": 0},
+        },
+        layout=layout,
+        cluster="h100-ib",
+        measurements={"repeats": repeats, **extra.pop("measurements", {})},
+        **extra,
+    )
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    folder = tmp_path / "records"
+    write_record(_record("a8", 8, [3000.0, 3100.0, 3200.0]), folder)
+    # Two runs of the 16-GPU point: their repeats are pooled.
+    write_record(_record("a16", 16, [2900.0, 3000.0]), folder)
+    write_record(_record("b16", 16, [2950.0]), folder)
+    profiled = {
+        "exposed_comm": {
+            "summary": {
+                "metrics": {"exposed_comm_us": {"mean": 50_000.0}, "wall_us": {"mean": 400_000.0}}
+            }
+        }
+    }
+    write_record(_record("a32", 32, [2500.0, 2600.0], measurements=profiled), folder)
+    write_record(
+        _record("x64", 64, [], status="oom", error="rank 3: OutOfMemoryError: CUDA out of memory"),
+        folder,
+    )
+    (folder / ".sweep").mkdir()
+    (folder / ".sweep" / "plan.json").write_text("{}")  # a sweep's state is not a record
+    return folder
+
+
+def _rows(path: Path) -> dict[int, dict[str, str]]:
+    with path.open() as fh:
+        return {int(r["gpus"]): r for r in csv.DictReader(fh)}
+
+
+def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = build_report(records, out)
+    assert (result.records, result.ok, result.failed, result.configurations) == (5, 4, 1, 3)
+    rows = _rows(out / "summary.csv")
+    # 8 GPUs: mean 3100, sample std 100, t(2) = 4.303: 3100 ± 4.303·100/√3.
+    half = 4.303 * 100.0 / math.sqrt(3)
+    assert float(rows[8]["tokens_per_s_per_gpu.mean"]) == pytest.approx(3100.0)
+    assert float(rows[8]["tokens_per_s_per_gpu.ci95_low"]) == pytest.approx(3100.0 - half)
+    assert float(rows[8]["tokens_per_s_per_gpu.ci95_high"]) == pytest.approx(3100.0 + half)
+    # 16 GPUs: two records, three repeats pooled.
+    assert rows[16]["records"] == "2" and rows[16]["tokens_per_s_per_gpu.n"] == "3"
+    assert float(rows[16]["tokens_per_s_per_gpu.mean"]) == pytest.approx(2950.0)
+    assert float(rows[16]["tokens_per_s.mean"]) == pytest.approx(2950.0 * 16)
+    # Power per GPU (the record's is the sum over GPUs); exposed communication from the trace.
+    assert float(rows[32]["power_w_per_gpu.mean"]) == pytest.approx(600.0)
+    assert float(rows[32]["exposed_comm_fraction.mean"]) == pytest.approx(0.125)
+    assert 64 not in rows  # the OOM point has no numbers, but is listed as failed
+    assert set(result.figures) == {
+        "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "exposed_comm_fraction",
+        "power_w_per_gpu", "tokens_per_j", "step_time_s",
+    }  # fmt: skip
+    for name in ("records.parquet", "records.csv"):
+        assert (out / name).stat().st_size > 0
+    import pandas as pd
+
+    assert len(pd.read_parquet(out / "records.parquet")) == 5
+    dom = dump_dom(out / "index.html")
+    assert 'data-figures-total="7"' in dom and 'data-figures-loaded="7"' in dom
+    assert "OutOfMemoryError" in dom
+    # A figure that went missing is flagged by the page.
+    (out / "mfu.png").unlink()
+    dom = dump_dom(out / "index.html")
+    assert 'data-figures-loaded="6"' in dom and 'data-figures-broken="mfu.png"' in dom
+
+
+def test_predicted_beside_measured(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    main(["report", str(records), "--out", str(out), "--predict", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert "ratio" in doc["figures"]
+    rows = _rows(out / "summary.csv")
+    from scalelab.perf.predict import predict_layout
+    from scalelab.spec.catalog import load_cluster
+    from scalelab.spec.layout import Layout
+
+    expected = predict_layout(
+        SPEC, load_cluster("h100-ib"), Layout(gpus=8, global_batch=8, seq_len=4096)
+    )
+    assert float(rows[8]["tokens_per_s.predicted"]) == pytest.approx(expected["tokens_per_s"])
+    assert float(rows[8]["mfu.predicted"]) == pytest.approx(expected["mfu"])
+
+
+def test_report_imports_no_torch(records: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys; from scalelab.report import build_report; "
+        f"build_report({str(records)!r}, {str(tmp_path / 'r')!r}, predict=True); "
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["/no/such/folder"], "records"),
+        (["{empty}"], "records"),
+        (["{records}", "--cluster", "nope"], "cluster"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], field: str, records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(empty=tmp_path / "empty", records=records) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", *argv, "--out", str(tmp_path / "r")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err
