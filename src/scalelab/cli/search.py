@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 
 import typer
@@ -92,31 +93,22 @@ def search_command(
         recompute=_words("recompute", recompute, RECOMPUTES),
         precision=precision,
     )
+    status = err_console.status(f"searching every layout of {spec.name} on {gpus} GPUs")
+    with contextlib.nullcontext() if json_out else status:
+        result = search(
+            spec,
+            cluster_spec,
+            gpus=gpus,
+            global_batch=global_batch or gpus,
+            seq_len=seq_len or spec.seq_len,
+            objective=objective,
+            constraints=constraints,
+            top_k=top,
+        )
     if json_out:
-        result = search(
-            spec,
-            cluster_spec,
-            gpus=gpus,
-            global_batch=global_batch or gpus,
-            seq_len=seq_len or spec.seq_len,
-            objective=objective,
-            constraints=constraints,
-            top_k=top,
-        )
         print_json(result.to_dict())
-        return
-    with err_console.status(f"searching every layout of {spec.name} on {gpus} GPUs"):
-        result = search(
-            spec,
-            cluster_spec,
-            gpus=gpus,
-            global_batch=global_batch or gpus,
-            seq_len=seq_len or spec.seq_len,
-            objective=objective,
-            constraints=constraints,
-            top_k=top,
-        )
-    render(result.to_dict())
+    else:
+        render(result.to_dict())
 
 
 def _row(table: Table, rank: str, r: dict[str, Any]) -> None:
