@@ -78,3 +78,11 @@ def test_a_single_preset_writes_its_own_report(tmp_path) -> None:
 def test_unknown_study_is_refused(cli) -> None:
     r = cli("study", "everything")
     assert r.returncode == 2 and "study: unknown study 'everything'" in r.stderr
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(cli, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    r = cli("study", "collectives", "--out", str(blocker / "sub"))
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("scalelab: error: out: cannot create") and "Traceback" not in r.stderr

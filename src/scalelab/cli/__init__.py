@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     except InputError as exc:
         print(f"scalelab: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as exc:
+        # An output folder that cannot be created, a file that cannot be written or read.
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"scalelab: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:

@@ -45,7 +45,10 @@ def run_study(
     """Run one preset (or `paper`, all of them plus the findings); return what it wrote."""
     if name not in NAMES:
         raise InputError("study", f"unknown study '{name}'; choose one of {', '.join(NAMES)}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError("out", f"cannot create {out}: {exc.strerror or exc}") from None
     if name == "paper":
         from scalelab.studies.paper import run_paper
 
