@@ -68,20 +68,21 @@ def run_cases(prefix: str) -> list:
             continue
         if case.cluster.name.startswith(prefix):
             cases.append(case)
-    # calibrate fits one cluster: keep the rows of its most common variant (GPU memory, NICs).
-    variants = Counter(c.cluster.model_dump_json() for c in cases)
-    common = variants.most_common(1)[0][0]
-    return [c for c in cases if c.cluster.model_dump_json() == common]
+    return cases
 
 
 def step_points(cases: list) -> list[StepPoint]:
+    """Each source weighs the same (rows weighted 1/sqrt(rows of their source)): one codebase's
+    many rows must not set the hardware's efficiency alone. Each row keeps its own node type."""
+    per_source = Counter(c.source for c in cases)
+    scale = np.sqrt(len(cases) / len(per_source))
     return [
         StepPoint(
             c.model,
             c.layout,
-            c.layout.global_batch
-            * c.layout.seq_len
-            / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
+            c.layout.global_batch * c.layout.seq_len / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
+            weight=scale / np.sqrt(per_source[c.source]),
+            hardware=c.cluster,
         )
         for c in cases
     ]
@@ -180,7 +181,8 @@ def main() -> None:
         ("h100-hbm2e", ["gemm_efficiency", "attention_efficiency", "hbm_efficiency"]),
     ):
         cases = run_cases(prefix)
-        result = fit(cases[0].cluster, [], step_points(cases), names)
+        base = load_cluster(cases[0].cluster.name)
+        result = fit(base, [], step_points(cases), names)
         uncalibrated = {n: defaults[n] for n in names}
         show(
             "compute, published runs",

@@ -95,6 +95,8 @@ class StepPoint:
     step_time_s: float
     power_w: float | None = None
     source: str = ""
+    weight: float = 1.0
+    hardware: ClusterSpec | None = None  # this run's own node type; the fitted parameters apply to it
 
 
 @dataclass
@@ -134,12 +136,15 @@ def _predict_all(
             collective, np.array([p.nbytes for p in pts]), shape, cluster
         )
     step_pred = np.zeros(2 * len(step_points))
-    by_model: dict[str, list[int]] = defaultdict(list)
+    by_model: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, point in enumerate(step_points):
-        by_model[point.model.model_dump_json()].append(i)
+        hw = point.hardware.model_dump_json() if point.hardware is not None else ""
+        by_model[(point.model.model_dump_json(), hw)].append(i)
     for idx in by_model.values():
         table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
-        pred = predict(step_points[idx[0]].model, cluster, table)
+        own = step_points[idx[0]].hardware
+        target = cluster if own is None else own.model_copy(update={"params": cluster.params})
+        pred = predict(step_points[idx[0]].model, target, table)
         step_pred[idx] = pred["step_time_s"]
         step_pred[[len(step_points) + i for i in idx]] = pred["power_w_per_gpu"]
     return comm_pred, step_pred
@@ -182,7 +187,7 @@ def fit(
     has_power = ~np.isnan(power_measured)
     # Each kind of observation carries equal weight, however many points it has.
     w_comm = 1.0 / np.sqrt(max(len(comm_points), 1))
-    w_step = 1.0 / np.sqrt(max(len(step_points), 1))
+    w_step = np.array([p.weight for p in step_points]) / np.sqrt(max(len(step_points), 1))
     w_power = 1.0 / np.sqrt(max(int(has_power.sum()), 1))
 
     def residuals(x: np.ndarray) -> np.ndarray:
