@@ -96,7 +96,9 @@ class StepPoint:
     power_w: float | None = None
     source: str = ""
     weight: float = 1.0
-    hardware: ClusterSpec | None = None  # this run's own node type; the fitted parameters apply to it
+    hardware: ClusterSpec | None = (
+        None  # this run's own node type; the fitted parameters apply to it
+    )
 
 
 @dataclass

@@ -37,6 +37,46 @@ def _extrapolate(values_k: np.ndarray, values_k1: np.ndarray, remaining: int) ->
     return values_k + remaining * (values_k - values_k1)
 
 
+def _layers(
+    state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    *,
+    n_layers: int,
+    compute_s: np.ndarray,
+    gather_s: np.ndarray,
+    gathers: np.ndarray,
+    gather_done: np.ndarray,
+    overlap_slowdown: float,
+    reduce_s: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One pass over the layers: each waits for its parameters, prefetches the next layer's and,
+    in backward, issues its gradient reduction. State: compute-stream time, comm-stream free
+    time, exposed wait and compute busy time."""
+    t, comm, wait, busy = state
+    zeros = np.zeros_like(t)
+    exact = min(n_layers, _EXACT_LAYERS)
+    history = []
+    for i in range(exact):
+        start = np.maximum(t, gather_done)
+        wait = wait + (start - t)
+        if i < n_layers - 1:
+            nxt_done = np.where(gathers, np.maximum(comm, start) + gather_s, zeros)
+            comm = np.where(gathers, nxt_done, comm)
+            gather_done = nxt_done
+        overlap = np.clip(comm - start, 0.0, compute_s)
+        duration = compute_s + overlap_slowdown * overlap
+        busy = busy + duration
+        t = start + duration
+        if reduce_s is not None:
+            comm = np.maximum(comm, t) + reduce_s
+        history.append((t, comm, wait, busy))
+    remaining = n_layers - exact
+    if remaining > 0:
+        return tuple(  # type: ignore[return-value]
+            _extrapolate(a, b, remaining) for a, b in zip(history[-1], history[-2], strict=True)
+        )
+    return history[-1]
+
+
 def simulate_microbatch(
     *,
     n_layers: int,
@@ -55,63 +95,26 @@ def simulate_microbatch(
     """Forward and backward of one micro-batch with data-parallel comm overlapped by prefetch."""
     has_ag = all_gather_s > 0
     zeros = np.zeros_like(forward_s)
-    exact = min(n_layers, _EXACT_LAYERS)
-    remaining = n_layers - exact
 
     # Forward: the root's parameters (embedding, final norm, head) first, then the layers.
-    t = root_all_gather_s.copy()
-    comm = root_all_gather_s.copy()
-    wait = root_all_gather_s.copy()
-    busy = zeros.copy()
-    ag_done = np.where(has_ag, comm + all_gather_s, zeros)
-    comm = np.where(has_ag, ag_done, comm)
-    history = []
-    for i in range(exact):
-        start = np.maximum(t, ag_done)
-        wait = wait + (start - t)
-        if i < n_layers - 1:
-            nxt_start = np.maximum(comm, start)
-            nxt_done = np.where(has_ag, nxt_start + all_gather_s, zeros)
-            comm = np.where(has_ag, nxt_done, comm)
-            ag_done = nxt_done
-        overlap = np.clip(comm - start, 0.0, forward_s)
-        duration = forward_s + overlap_slowdown * overlap
-        busy = busy + duration
-        t = start + duration
-        history.append((t, comm, wait, busy))
-    if remaining > 0:
-        (t, comm, wait, busy), prev = history[-1], history[-2]
-        t, comm, wait, busy = (
-            _extrapolate(a, b, remaining) for a, b in zip((t, comm, wait, busy), prev, strict=True)
-        )
+    comm = np.where(has_ag, root_all_gather_s + all_gather_s, root_all_gather_s)
+    t, comm, wait, busy = _layers(
+        (root_all_gather_s.copy(), comm, root_all_gather_s.copy(), zeros.copy()),
+        n_layers=n_layers, compute_s=forward_s, gather_s=all_gather_s, gathers=has_ag,
+        gather_done=np.where(has_ag, comm, zeros), overlap_slowdown=overlap_slowdown, reduce_s=None,
+    )  # fmt: skip
     t = t + head_forward_s + head_backward_s
     busy = busy + head_forward_s + head_backward_s
 
     # Backward: layers in reverse; gather again if resharded, then reduce the gradients.
     bwd_ag = has_ag & gather_in_backward
-    ag_done = np.where(bwd_ag, np.maximum(comm, t - head_backward_s) + all_gather_s, zeros)
-    comm = np.where(bwd_ag, ag_done, comm)
-    history = []
-    for j in range(exact):
-        start = np.maximum(t, ag_done)
-        wait = wait + (start - t)
-        if j < n_layers - 1:
-            nxt_start = np.maximum(comm, start)
-            nxt_done = np.where(bwd_ag, nxt_start + all_gather_s, zeros)
-            comm = np.where(bwd_ag, nxt_done, comm)
-            ag_done = nxt_done
-        overlap = np.clip(comm - start, 0.0, backward_s)
-        duration = backward_s + overlap_slowdown * overlap
-        busy = busy + duration
-        t = start + duration
-        if sync_grads:
-            comm = np.maximum(comm, t) + grad_reduce_s
-        history.append((t, comm, wait, busy))
-    if remaining > 0:
-        (t, comm, wait, busy), prev = history[-1], history[-2]
-        t, comm, wait, busy = (
-            _extrapolate(a, b, remaining) for a, b in zip((t, comm, wait, busy), prev, strict=True)
-        )
+    first_done = np.where(bwd_ag, np.maximum(comm, t - head_backward_s) + all_gather_s, zeros)
+    t, comm, wait, busy = _layers(
+        (t, np.where(bwd_ag, first_done, comm), wait, busy),
+        n_layers=n_layers, compute_s=backward_s, gather_s=all_gather_s, gathers=bwd_ag,
+        gather_done=first_done, overlap_slowdown=overlap_slowdown,
+        reduce_s=grad_reduce_s if sync_grads else None,
+    )  # fmt: skip
     if sync_grads:
         comm = np.maximum(comm, t) + root_grad_reduce_s
         end = np.maximum(t, comm)
