@@ -32,7 +32,7 @@ from scalelab.cli.common import (
     build_layout,
     console,
     err_console,
-    print_json,
+    record_for_display,
 )
 from scalelab.errors import InputError
 from scalelab.spec.hardware import ClusterSpec
@@ -288,14 +288,8 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 1, pct: bool = False) -> 
 
 
 def _report(path: Path | None, json_out: bool) -> None:
-    from scalelab.results import load_record
-
-    if path is None:
-        err_console.print("scalelab bench: no record was written")
-        return
-    record = load_record(path)
-    if json_out:
-        print_json(record.model_dump())
+    record = record_for_display(path, json_out, "bench")
+    if record is None or path is None:
         return
     if record.status != "ok":
         err_console.print(f"[bold red]{record.status}[/]: {escape(record.error or '')}")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, positive, print_json
+from scalelab.cli.common import JsonOpt, console, positive, record_for_display
 from scalelab.errors import InputError
 
 
@@ -111,14 +111,8 @@ def comm(
 
 
 def _report(path: Path | None, json_out: bool) -> None:
-    from scalelab.results import load_record
-
-    if path is None:
-        console.print("no record was written")
-        return
-    record = load_record(path)
-    if json_out:
-        print_json(record.model_dump())
+    record = record_for_display(path, json_out, "comm")
+    if record is None or path is None:
         return
     rows: list[dict[str, Any]] = record.measurements.get("rows", [])
     table = Table(

@@ -144,3 +144,17 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):
         return _clean(value.item())
     return value
+
+
+def record_for_display(path: Any, json_out: bool, verb: str) -> Any:
+    """Load a run's record; print it as JSON (and return None) with --json. Missing: say so on stderr."""
+    from scalelab.results import load_record
+
+    if path is None:
+        err_console.print(f"scalelab {verb}: no record was written")
+        return None
+    record = load_record(path)
+    if json_out:
+        print_json(record.model_dump())
+        return None
+    return record
