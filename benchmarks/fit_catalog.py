@@ -17,8 +17,8 @@ from importlib import resources
 import numpy as np
 
 from scalelab.calibrate import CommPoint, StepPoint, fit
-from scalelab.spec.catalog import load_cluster
-from scalelab.spec.hardware import ClusterParams
+from scalelab.config.catalog import load_cluster
+from scalelab.config.hardware import ClusterParams
 from scalelab.validate import SkipRowError, load_rows, predict_cases, row_to_case
 
 
@@ -80,7 +80,9 @@ def step_points(cases: list) -> list[StepPoint]:
         StepPoint(
             c.model,
             c.layout,
-            c.layout.global_batch * c.layout.seq_len / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
+            c.layout.global_batch
+            * c.layout.seq_len
+            / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
             weight=scale / np.sqrt(per_source[c.source]),
             hardware=c.cluster,
         )

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
+from scalelab.config import Layout, LayoutTable, load_cluster, load_model
 from scalelab.perf import predict
-from scalelab.spec import Layout, LayoutTable, load_cluster, load_model
 
 LLM_ANALYSIS_SNIPPET = """
 import logging, time, io, contextlib

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
+from scalelab.config import load_cluster, load_model
 from scalelab.search import search
-from scalelab.spec import load_cluster, load_model
 
 
 def main() -> None:

@@ -20,13 +20,13 @@ import numpy as np
 import yaml
 from pydantic import ValidationError
 
+from scalelab.config.hardware import ClusterParams, ClusterSpec
+from scalelab.config.layout import Layout, LayoutTable
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
 from scalelab.perf import comm
 from scalelab.perf.predict import predict
-from scalelab.spec.hardware import ClusterParams, ClusterSpec
-from scalelab.spec.layout import Layout, LayoutTable
-from scalelab.spec.model import ModelSpec
 
 COMM_INTRA = (
     "nvlink_bus_efficiency",

@@ -16,10 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.errors import InputError
-from scalelab.perf.predict import Prediction, predict
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import (
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import (
     PRECISIONS,
     RECOMPUTES,
     SCHEDULES,
@@ -28,7 +26,9 @@ from scalelab.spec.layout import (
     LayoutTable,
     violation_masks,
 )
-from scalelab.spec.model import ModelSpec
+from scalelab.config.model import ModelSpec
+from scalelab.errors import InputError
+from scalelab.perf.predict import Prediction, predict
 
 OBJECTIVES = ("throughput", "tokens-per-joule", "mfu")
 _OBJECTIVE_FIELD = {

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from scalelab.config.catalog import load_cluster, load_gpu
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout, LayoutTable, validate
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict
-from scalelab.spec.catalog import load_cluster, load_gpu
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import Layout, LayoutTable, validate
-from scalelab.spec.model import ModelSpec
 
 REQUIRED_COLUMNS = (
     "source",

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from scalelab.calibrate import CommPoint, StepPoint, _predict_all, _with, fit, points_from_records
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import Layout
 from scalelab.results import Record, write_record
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.layout import Layout
 
 BASE = load_cluster("h100-ib")
 TRUTH = {

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from scalelab.cli.common import build_layout
+from scalelab.config.catalog import load_model
 from scalelab.measure.config import BenchOptions
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.train import Trainer, init_distributed, run_repeat
-from scalelab.spec.catalog import load_model
 
 DEFAULTS = {
     "seq_len": 32,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.config.catalog import load_model
+from scalelab.config.model import ModelSpec
 from scalelab.measure.config import default_cluster_for_gpu, hardware_flops_per_token
-from scalelab.spec.catalog import load_model
-from scalelab.spec.model import ModelSpec
 
 torch = pytest.importorskip("torch")
 

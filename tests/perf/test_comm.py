@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from scalelab.config.catalog import load_cluster
 from scalelab.perf import comm
-from scalelab.spec.catalog import load_cluster
 
 H100 = load_cluster("h100-ib")
 

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import Layout, LayoutTable
 from scalelab.perf.predict import predict, predict_layout
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.layout import Layout, LayoutTable
 
 H100 = load_cluster("h100-ib")
 L7 = load_model("llama2-7b")

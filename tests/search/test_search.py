@@ -2,11 +2,11 @@ import itertools
 
 import pytest
 
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import Layout, validate
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, search
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.layout import Layout, validate
 
 H100 = load_cluster("h100-ib")
 

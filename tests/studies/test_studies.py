@@ -85,4 +85,7 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(cli, tmp_path) -> None
     blocker.write_text("not a folder")
     r = cli("study", "collectives", "--out", str(blocker / "sub"))
     assert r.returncode == 2
-    assert r.stderr.strip().startswith("scalelab: error: out: cannot create") and "Traceback" not in r.stderr
+    assert (
+        r.stderr.strip().startswith("scalelab: error: out: cannot create")
+        and "Traceback" not in r.stderr
+    )

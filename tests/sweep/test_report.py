@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from scalelab.cli import main
+from scalelab.config.catalog import load_model
 from scalelab.report import build_report
 from scalelab.results import Record, write_record
-from scalelab.spec.catalog import load_model
 from tests.sweep.conftest import dump_dom
 
 SPEC = load_model("llama2-7b")
@@ -134,9 +134,9 @@ def test_predicted_beside_measured(
     doc = json.loads(capsys.readouterr().out)
     assert "ratio" in doc["figures"]
     rows = _rows(out / "summary.csv")
+    from scalelab.config.catalog import load_cluster
+    from scalelab.config.layout import Layout
     from scalelab.perf.predict import predict_layout
-    from scalelab.spec.catalog import load_cluster
-    from scalelab.spec.layout import Layout
 
     expected = predict_layout(
         SPEC, load_cluster("h100-ib"), Layout(gpus=8, global_batch=8, seq_len=4096)

@@ -34,8 +34,8 @@ from scalelab.cli.common import (
     err_console,
     record_for_display,
 )
+from scalelab.config.hardware import ClusterSpec
 from scalelab.errors import InputError
-from scalelab.spec.hardware import ClusterSpec
 
 NprocOpt = Annotated[
     int,
@@ -96,8 +96,8 @@ def _detected_gpu() -> str | None:
 
 
 def _resolve_cluster(name: str | None, gpu: str | None) -> tuple[ClusterSpec | None, str | None]:
+    from scalelab.config.catalog import load_cluster
     from scalelab.measure.config import default_cluster_for_gpu
-    from scalelab.spec.catalog import load_cluster
 
     if name is not None:
         return load_cluster(name), name
@@ -148,6 +148,8 @@ def bench(
     from pydantic import ValidationError
 
     from scalelab.cli.common import choice, positive
+    from scalelab.config.catalog import load_cluster, load_model
+    from scalelab.config.layout import check
     from scalelab.measure.config import (
         BenchOptions,
         check_layout,
@@ -156,8 +158,6 @@ def bench(
         check_tokens,
         under_torchrun,
     )
-    from scalelab.spec.catalog import load_cluster, load_model
-    from scalelab.spec.layout import check
 
     spec = load_model(model)
     check_model(spec)

@@ -36,8 +36,8 @@ def calibrate(
 ) -> None:
     """Fit the base cluster's free parameters to the records and write a cluster YAML."""
     from scalelab.calibrate import BOUNDS, fit, points_from_records, write_cluster_yaml
+    from scalelab.config.catalog import load_cluster
     from scalelab.results import load_record, record_paths
-    from scalelab.spec.catalog import load_cluster
 
     cluster = load_cluster(base)
     paths: list[Path] = []

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
-from scalelab.spec.catalog import (
+from scalelab.config.catalog import (
     cluster_names,
     gpu_names,
     load_cluster,

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from scalelab.config.layout import ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
 from scalelab.errors import InputError
-from scalelab.spec.layout import ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)

@@ -30,8 +30,8 @@ from scalelab.cli.common import (
     console,
     print_json,
 )
+from scalelab.config.catalog import load_cluster, load_model
 from scalelab.perf.predict import predict_layout
-from scalelab.spec.catalog import load_cluster, load_model
 
 GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")]
 

@@ -17,10 +17,10 @@ from scalelab.cli.common import (
     err_console,
     print_json,
 )
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS
 from scalelab.errors import InputError
 from scalelab.search import OBJECTIVES, Constraints, describe, search
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS
 
 
 def register(app: typer.Typer) -> None:

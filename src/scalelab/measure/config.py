@@ -9,9 +9,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
 

@@ -27,6 +27,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 from scalelab.measure.config import BenchOptions, hardware_flops_per_token, under_torchrun
 from scalelab.results import (
     Record,
@@ -37,9 +40,6 @@ from scalelab.results import (
     utc_now,
     write_record,
 )
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
 
 SECONDARY_NOTE = (
     "reported by a rank that lost its peers or was stopped; another rank may have failed first"

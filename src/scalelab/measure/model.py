@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from scalelab.spec.model import ModelSpec
+from scalelab.config.model import ModelSpec
 
 # Prefixes that wrappers add to parameter names; dropped to get the canonical name.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module", "module")

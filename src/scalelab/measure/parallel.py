@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 

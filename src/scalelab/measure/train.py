@@ -32,6 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional
 
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
@@ -49,8 +51,6 @@ from scalelab.measure.parallel import (
     cp_context,
     pipeline_modules,
 )
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalelab.spec.hardware import ClusterSpec
+from scalelab.config.hardware import ClusterSpec
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.model import ModelSpec
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.model import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scalelab.spec.hardware import ClusterSpec
+from scalelab.config.hardware import ClusterSpec
 
 
 def average_power_w(

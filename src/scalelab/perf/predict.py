@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout, LayoutTable, check
+from scalelab.config.model import ModelSpec
 from scalelab.perf import comm
 from scalelab.perf.compute import BF16_BYTES, FP32_BYTES, layer_compute, optimizer_time
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
 from scalelab.perf.schedule import pipeline_bubble_units, simulate_microbatch
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import Layout, LayoutTable, check
-from scalelab.spec.model import ModelSpec
 
 GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES

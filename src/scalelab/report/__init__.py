@@ -52,9 +52,9 @@ def build_report(
     """Load every bench record under `records_dir` and write the report into `out`."""
     import pandas as pd
 
+    from scalelab.config.catalog import load_cluster
     from scalelab.report import data, figures, html
     from scalelab.results import export, record_row
-    from scalelab.spec.catalog import load_cluster
     from scalelab.studies.common import write_csv
 
     src = Path(records_dir)

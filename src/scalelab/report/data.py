@@ -229,10 +229,10 @@ def observations(records: Sequence[tuple[Path, Record]]) -> list[Observation]:
 
 def add_predictions(obs: Sequence[Observation], cluster: str | None) -> list[str]:
     """Fill each ok observation's prediction; returns notes on what could not be predicted."""
+    from scalelab.config.catalog import load_cluster, load_model
+    from scalelab.config.layout import Layout
+    from scalelab.config.model import ModelSpec
     from scalelab.perf.predict import predict_layout
-    from scalelab.spec.catalog import load_cluster, load_model
-    from scalelab.spec.layout import Layout
-    from scalelab.spec.model import ModelSpec
 
     notes: list[str] = []
     clusters: dict[str, Any] = {}

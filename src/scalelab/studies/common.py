@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 from scalelab.io import atomic_write, atomic_write_text
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, describe, search
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
 
 
 @dataclass(frozen=True)

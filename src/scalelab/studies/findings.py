@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
+from scalelab.config.catalog import load_cluster
 from scalelab.search import Constraints
-from scalelab.spec.catalog import load_cluster
 from scalelab.studies.common import (
     DEFAULT,
     Assumptions,

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.config.catalog import load_cluster
 from scalelab.search import Constraints
-from scalelab.spec.catalog import load_cluster
 from scalelab.studies.common import (
     DEFAULT,
     Assumptions,

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalelab.config.catalog import load_model
 from scalelab.search import Constraints, describe, search
-from scalelab.spec.catalog import load_model
 from scalelab.studies.common import (
     DEFAULT,
     WEAK_SCALING_GPUS,

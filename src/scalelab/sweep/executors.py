@@ -202,9 +202,9 @@ def run_point_on_node(point_json: str, out: str, port: int | None) -> dict[str, 
     """
     import submitit
 
+    from scalelab.config.catalog import load_model
+    from scalelab.config.layout import Layout
     from scalelab.measure.launch import RunIdentity, base_record, launch
-    from scalelab.spec.catalog import load_model
-    from scalelab.spec.layout import Layout
 
     point = Point.model_validate_json(point_json)
     job = submitit.JobEnvironment()

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.layout import Layout
-from scalelab.spec.model import ModelSpec
 
 # Bench options that do not change what is measured stay out of a point's id.
 _NOT_IN_ID = ("out_dir", "cluster", "predict", "timeout_s")
@@ -246,9 +246,9 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
     Every layout is checked against its model and the cluster before anything runs; an invalid
     one is an `InputError` naming the layout and the scale.
     """
+    from scalelab.config.catalog import load_cluster, load_model
+    from scalelab.config.layout import check
     from scalelab.measure.config import BenchOptions, check_layout, check_model
-    from scalelab.spec.catalog import load_cluster, load_model
-    from scalelab.spec.layout import check
 
     assert sweep.name is not None
     for i, n in enumerate(sweep.nodes):

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from scalelab.spec.catalog import load_cluster, load_model
-from scalelab.spec.layout import Layout, LayoutTable, validate, violation_masks
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import Layout, LayoutTable, validate, violation_masks
 
 MODEL = load_model("llama2-70b")
 CLUSTER = load_cluster("h100-ib")

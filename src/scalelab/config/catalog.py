@@ -10,14 +10,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from scalelab.config.hardware import ClusterParams, ClusterSpec, GPUSpec
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
-from scalelab.spec.hardware import ClusterParams, ClusterSpec, GPUSpec
-from scalelab.spec.model import ModelSpec
 
 
 @cache
 def _catalog(kind: str) -> dict[str, dict[str, Any]]:
-    text = resources.files("scalelab.spec").joinpath(f"catalog/{kind}.yaml").read_text()
+    text = resources.files("scalelab.config").joinpath(f"catalog/{kind}.yaml").read_text()
     data: dict[str, dict[str, Any]] = yaml.safe_load(text)
     return data
 

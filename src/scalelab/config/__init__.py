@@ -1,9 +1,9 @@
 """Pure data: model, GPU, cluster and layout specs, their catalogs and validation."""
 
-from scalelab.spec.catalog import load_cluster, load_gpu, load_model
-from scalelab.spec.hardware import ClusterParams, ClusterSpec, GPUSpec
-from scalelab.spec.layout import Layout, LayoutTable, validate
-from scalelab.spec.model import ModelSpec
+from scalelab.config.catalog import load_cluster, load_gpu, load_model
+from scalelab.config.hardware import ClusterParams, ClusterSpec, GPUSpec
+from scalelab.config.layout import Layout, LayoutTable, validate
+from scalelab.config.model import ModelSpec
 
 __all__ = [
     "ClusterParams",

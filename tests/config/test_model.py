@@ -1,7 +1,7 @@
 import pytest
 
+from scalelab.config.catalog import load_model, model_names
 from scalelab.errors import InputError
-from scalelab.spec.catalog import load_model, model_names
 
 PUBLISHED_PARAMS = {
     "llama2-7b": 6_738_415_616,

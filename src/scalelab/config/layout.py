@@ -14,9 +14,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
-from scalelab.spec.hardware import ClusterSpec
-from scalelab.spec.model import ModelSpec
 
 Sharding = Literal["ddp", "zero1", "zero2", "fsdp", "hsdp"]
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv"]
