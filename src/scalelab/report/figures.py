@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.report.data import METRICS, Metric, Row
-from scalelab.studies.common import gpu_axis, pyplot, save_figure
+from scalelab.plotting import gpu_axis, pyplot, save_figure
 
 
 def _series(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
