@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scalelab.io import atomic_write, atomic_write_text
 
 # The study's own measured values: one marker everywhere, black and large, above the model lines.
@@ -62,6 +64,7 @@ def figure_data(fig: Any) -> dict[str, Any]:
     """What a figure draws, per axes: titles, labels, limits, scales, legend, lines, markers, bars, texts."""
     from matplotlib.collections import PathCollection
     from matplotlib.container import BarContainer
+    from matplotlib.patches import Rectangle
 
     axes = []
     for ax in fig.axes:
@@ -81,7 +84,7 @@ def figure_data(fig: Any) -> dict[str, Any]:
         markers = [
             {
                 "label": c.get_label(),
-                "offsets": [_points(p) for p in c.get_offsets()],
+                "offsets": [_points(p) for p in np.asarray(c.get_offsets())],
                 "alpha": c.get_alpha(),
             }
             for c in ax.collections
@@ -96,6 +99,12 @@ def figure_data(fig: Any) -> dict[str, Any]:
             }
             for c in ax.containers
             if isinstance(c, BarContainer)
+        ]
+        in_bars = {id(patch) for c in ax.containers for patch in c}
+        outlines = [
+            {"label": patch.get_label(), "xy": _points(patch.get_xy()), "width": patch.get_width()}
+            for patch in ax.patches
+            if isinstance(patch, Rectangle) and id(patch) not in in_bars and not patch.get_fill()
         ]
         axes.append(
             {
@@ -112,6 +121,7 @@ def figure_data(fig: Any) -> dict[str, Any]:
                 "lines": lines,
                 "markers": markers,
                 "bars": bars,
+                "outlines": outlines,
                 "texts": [t.get_text() for t in ax.texts],
                 "xticklabels": [t.get_text() for t in ax.get_xticklabels()],
                 "yticklabels": [t.get_text() for t in ax.get_yticklabels()],

@@ -12,7 +12,6 @@ import numpy as np
 
 from scalelab.perf import comm
 from scalelab.plotting import (
-    STUDY_MARKER,
     WEAK_LINE,
     markdown_table,
     pyplot,
@@ -172,7 +171,7 @@ def run(
 def _figure(rows: list[dict[str, Any]], cluster: Any, out: Path, ag_equals_rs: bool) -> Path:
     plt = pyplot()
     gpn = cluster.gpus_per_node
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 6.8))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(20, 9.5))
     colors = dict(zip(SIZES_MIB, plt.cm.viridis(np.linspace(0, 0.92, len(SIZES_MIB))), strict=True))
     fig2 = measured_fig2()
     for size in SIZES_MIB:
@@ -209,7 +208,9 @@ def _figure(rows: list[dict[str, Any]], cluster: Any, out: Path, ag_equals_rs: b
             **WEAK_LINE,
         )
         if not ag_equals_rs:
-            rs = [r for r in rows if r["collective"] == "ReduceScatter" and r["message_mib"] == size]
+            rs = [
+                r for r in rows if r["collective"] == "ReduceScatter" and r["message_mib"] == size
+            ]
             ax2.plot(
                 [p["nodes"] for p in rs],
                 [p["busbw_GBps"] for p in rs],
@@ -246,8 +247,7 @@ def _figure(rows: list[dict[str, Any]], cluster: Any, out: Path, ag_equals_rs: b
             sizes / 2**20,
             ag,
             color=color,
-            label=f"{ag_label}, {where} (model"
-            + (")" if n == 1 else ", extrapolated)"),
+            label=f"{ag_label}, {where} (model" + (")" if n == 1 else ", extrapolated)"),
             **WEAK_LINE,
         )
         meas = [p for p in fig2 if p["num_nodes"] == n]
@@ -289,15 +289,12 @@ def _figure(rows: list[dict[str, Any]], cluster: Any, out: Path, ag_equals_rs: b
     ax3.set_ylabel("bus bandwidth (GB/s, nccl-tests definition)")
     ax3.set_ylim(0, 500)
     ax3.set_title("Bus bandwidth against message size")
-    ax1.legend(fontsize=7.5, ncol=2, loc="upper right", title="message size", title_fontsize=8)
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.13), "frameon": False}
+    ax1.legend(fontsize=8, ncol=4, title="message size (lines: model)", title_fontsize=8, **below)
     ax2.legend(
-        fontsize=7.5,
-        ncol=2,
-        loc="upper right",
-        title=f"{ag_label}, model, extrapolated",
-        title_fontsize=8,
+        fontsize=8, ncol=4, title=f"{ag_label}, model, extrapolated", title_fontsize=8, **below
     )
-    ax3.legend(fontsize=6.8, loc="upper left")
+    ax3.legend(fontsize=7.5, ncol=1, **below)
     fig.suptitle(
         f"NCCL bus bandwidth on {cluster.name} ({gpn} GPUs per node): solid = fitted model, "
         "dashed and light = extrapolated model, black-edged dots and open marks = measurements",

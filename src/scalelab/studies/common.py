@@ -80,7 +80,8 @@ def families_label(rows: list[dict[str, Any]]) -> str:
     if len(seen) == 1:
         return next(iter(seen))
     return ", ".join(
-        f"{fam} at {g[0]}" + (f"-{g[-1]}" if len(g) > 1 else "") + " GPUs" for fam, g in seen.items()
+        f"{fam} at {g[0]}" + (f"-{g[-1]}" if len(g) > 1 else "") + " GPUs"
+        for fam, g in seen.items()
     )
 
 

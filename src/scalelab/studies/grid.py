@@ -148,9 +148,13 @@ def _plot_grid(
             )
         )
     bi, bj = np.unravel_index(np.nanargmax(grid), grid.shape)
-    ax.scatter([bj], [bi - 0.3], marker="^", s=80, color="red", zorder=5, label="scalelab's best cell")
+    ax.scatter(
+        [bj], [bi - 0.3], marker="^", s=80, color="red", zorder=5, label="scalelab's best cell"
+    )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=9, frameon=False)
-    fig.colorbar(im, ax=ax, label="tokens/s per GPU (best micro-batch, schedule, recompute; from 0)")
+    fig.colorbar(
+        im, ax=ax, label="tokens/s per GPU (best micro-batch, schedule, recompute; from 0)"
+    )
     ax.set_title(
         f"TP x PP with FSDP: {a.model}, {a.mp_grid_gpus} GPUs, global batch {a.mp_grid_global_batch} "
         f"x {a.seq_len} tokens\n(PP schedules: GPipe, 1F1B, interleaved, as PyTorch 2.3.1's stack had)",
@@ -309,7 +313,28 @@ def _plot_hardware(
                 bar.set_hatch("//")
                 bar.set_alpha(0.45)
         ax.bar_label(bars, fmt="%.1f" if scale == 100 else "%.0f", fontsize=8)
-        ax.set_xticks(x, [lab + ("*" if r["flag"] else "") for lab, r in zip(labels, rows, strict=True)])
+        if key == "mfu":
+            for i, r in enumerate(rows):
+                if r["flag"]:
+                    ax.text(
+                        i,
+                        r[key] * scale * 0.27,
+                        r["flag"]
+                        .replace(
+                            "GEMM efficiency on its fit bound",
+                            "GEMM efficiency on\nits fit bound:\noverstated",
+                        )
+                        .replace("assumed compute efficiencies", "assumed compute\nefficiencies"),
+                        ha="center",
+                        va="center",
+                        rotation=90,
+                        fontsize=8.5,
+                        color="black",
+                        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+                    )
+        ax.set_xticks(
+            x, [lab + ("*" if r["flag"] else "") for lab, r in zip(labels, rows, strict=True)]
+        )
         ax.set_ylabel(ylabel)
         ax.set_xlabel(f"GPU ({a.hardware_scale_gpus} GPUs each)")
         ax.set_title(ylabel.split(" (")[0])

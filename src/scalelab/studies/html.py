@@ -121,7 +121,7 @@ def write_html(out: Path, title: str, sections: list[str]) -> Path:
     """report.html in `out`: the sections, figures embedded; returns its path."""
     body = "\n".join(markdown_to_html(s, out) for s in sections)
     page = (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{_STYLE}</style><script>{_SCRIPT}</script></head>"
         f"<body><h1>{escape(title)}</h1>\n{body}\n</body></html>\n"
     )

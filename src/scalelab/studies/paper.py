@@ -104,6 +104,8 @@ def findings_figure(found: list[findings.Finding], out: Path) -> Path:
         pad = 0.12 * (hi - lo or 1.0)
         ax.set_xlim(min(0.0, lo - pad) if lo < 0 else 0.0, hi + pad if hi > 0 else 0.0)
         ax.set_ylim(-0.6, 1.6)
+        if f.unit == "degree":
+            ax.set_xticks(range(0, int(ax.get_xlim()[1]) + 1))
         ax.set_yticks([0, 1], ["scalelab", "study"])
         ax.grid(axis="y", visible=False)
         ax.set_xlabel(_axis_label(f))
@@ -186,7 +188,7 @@ def headline(
     lines = [
         "**The review's questions, answered by scalelab's model** (predictions, not measurements; "
         f"{a.model} on {a.cluster}, {a.sequences_per_gpu} x {a.seq_len} tokens per GPU):",
-        f"- **Does HSDP flatten the diminishing-returns curve?** "
+        "- **Does HSDP flatten the diminishing-returns curve?** "
         + ("Yes" if change[names[3]] > change[names[0]] else "No")
         + f", in the model: from 128 to 2048 GPUs per-GPU throughput changes by "
         f"{change[names[3]]:+.1f} % with the best HSDP layout, against {change[names[0]]:+.1f} % with "

@@ -190,9 +190,24 @@ def plot_weak(rows: list[dict[str, Any]], a: Assumptions, path: Path) -> Path:
                 label=f"ideal scaling (linear from pure FSDP at {base8['gpus']} GPUs)",
             )
         if key == "tokens_per_s_per_gpu":
-            ax.axhline(base8[key], color="black", linestyle=":", linewidth=1)
+            ax.axhline(
+                base8[key],
+                color="black",
+                linestyle=":",
+                linewidth=1,
+                label=f"ideal per GPU (flat at pure FSDP's {base8['gpus']}-GPU value)",
+            )
         for text, value in anchor.get(key, []):
             ax.scatter([2048], [value * scale], label=text, **STUDY_MARKER)
+            ax.annotate(
+                text.split(":")[0].replace("study ", ""),
+                (2048, value * scale),
+                xytext=(-10, 7),
+                textcoords="offset points",
+                ha="right",
+                fontsize=9,
+                fontweight="bold",
+            )
         if key in anchor:
             ax.scatter(
                 [128],
@@ -212,6 +227,15 @@ def plot_weak(rows: list[dict[str, Any]], a: Assumptions, path: Path) -> Path:
                 f"{a.hardware_scale_gpus} GPUs, the assumed one)",
                 **STUDY_MARKER,
             )
+            ax.annotate(
+                "F5",
+                (a.hardware_scale_gpus, anchor["mfu_f5"]),
+                xytext=(0, -16),
+                textcoords="offset points",
+                ha="center",
+                fontsize=9,
+                fontweight="bold",
+            )
         gpu_axis(ax, gpus, "GPUs (log scale)")
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)
@@ -219,10 +243,12 @@ def plot_weak(rows: list[dict[str, Any]], a: Assumptions, path: Path) -> Path:
     _legend_below(fig, axes.flat)
     fig.suptitle(
         f"Weak scaling of {a.model} on {a.cluster}: {a.sequences_per_gpu} x {a.seq_len} tokens per GPU, "
-        "global batch = GPUs x " + str(a.sequences_per_gpu) + " (lines: scalelab; black stars: the study)",
+        "global batch = GPUs x "
+        + str(a.sequences_per_gpu)
+        + " (lines: scalelab; black stars: the study)",
         fontsize=12,
     )
-    fig.tight_layout(rect=(0, 0.09, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.14, 1, 0.97))
     return save_figure(fig, path, data=True)
 
 
@@ -287,8 +313,12 @@ def run_weak(
     )
 
 
-STRONG_STUDY = "best layout, the study's stack (PyTorch 2.3.1 PP schedules: GPipe, 1F1B, interleaved)"
-STRONG_ANY = "best layout with any schedule, ZBV included (PyTorch >= 2.6; not available to the study)"
+STRONG_STUDY = (
+    "best layout, the study's stack (PyTorch 2.3.1 PP schedules: GPipe, 1F1B, interleaved)"
+)
+STRONG_ANY = (
+    "best layout with any schedule, ZBV included (PyTorch >= 2.6; not available to the study)"
+)
 STRONG_FSDP = "pure FSDP (TP = PP = CP = 1; best micro-batch and reshard)"
 
 
@@ -304,7 +334,7 @@ def run_strong(
     for g in gpus_list:
         progress(f"strong scaling: {g} GPUs")
 
-        def top(constraints: Constraints) -> Any:
+        def top(constraints: Constraints, g: int = g) -> Any:
             return search(
                 model,
                 cluster,
@@ -388,7 +418,11 @@ def run_strong(
 
 
 def _plot_strong(
-    rows: list[dict[str, Any]], a: Assumptions, path: Path, infeasible: list[int], differs: list[int]
+    rows: list[dict[str, Any]],
+    a: Assumptions,
+    path: Path,
+    infeasible: list[int],
+    differs: list[int],
 ) -> Path:
     plt = pyplot()
     batch = a.strong_scaling_global_batch
@@ -405,9 +439,30 @@ def _plot_strong(
             if not differs:
                 continue
             pts = [p for p in pts if p["gpus"] in differs]
-        ax1.plot([p["gpus"] for p in pts], [p["tokens_per_s"] / 1e6 for p in pts], label=series, **style)
-        ax2.plot([p["gpus"] for p in pts], [p["tokens_per_s_per_gpu"] for p in pts], label=series, **style)
+        ax1.plot(
+            [p["gpus"] for p in pts], [p["tokens_per_s"] / 1e6 for p in pts], label=series, **style
+        )
+        ax2.plot(
+            [p["gpus"] for p in pts],
+            [p["tokens_per_s_per_gpu"] for p in pts],
+            label=series,
+            **style,
+        )
     study = sorted((r for r in rows if r["series"] == STRONG_STUDY), key=lambda r: r["gpus"])
+    by_gpus = {r["gpus"]: r for r in study}
+    for r in rows:
+        if r["series"] == STRONG_ANY and r["gpus"] in differs and r["gpus"] in by_gpus:
+            gain = 100 * (r["tokens_per_s"] / by_gpus[r["gpus"]]["tokens_per_s"] - 1)
+            ax2.annotate(
+                f"with ZBV (not in PyTorch 2.3.1):\n{r['layout']}, {gain:+.1f} %",
+                (r["gpus"], r["tokens_per_s_per_gpu"]),
+                xytext=(-20, -75),
+                textcoords="offset points",
+                ha="right",
+                fontsize=8,
+                color="tab:purple",
+                arrowprops={"arrowstyle": "->", "color": "tab:purple"},
+            )
     if study:
         base = study[0]
         ax1.plot(
@@ -435,9 +490,7 @@ def _plot_strong(
     ax2.set_ylabel("tokens/s per GPU")
     ax1.set_title("global tokens/s")
     ax2.set_title("tokens/s per GPU")
-    lines = "\n".join(
-        f"{p['gpus']:>4} GPUs: {p['layout']}" for p in study
-    )
+    lines = "\n".join(f"{p['gpus']:>4} GPUs: {p['layout']}" for p in study)
     ax2.text(
         0.02,
         0.03,
@@ -489,7 +542,9 @@ def run_model_size(
     colors = dict(zip(MODELS, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
     missing: list[tuple[str, int]] = []
     for name, color in colors.items():
-        tag = " (ASSUMED shape: TinyLlama-1.1B; Meta released no Llama-2 1B)" if assumed[name] else ""
+        tag = (
+            " (ASSUMED shape: TinyLlama-1.1B; Meta released no Llama-2 1B)" if assumed[name] else ""
+        )
         for kind, style in (("pure FSDP", "--"), ("best layout", "-")):
             series = f"{name} {kind}"
             mine = sorted((r for r in rows if r["series"] == series), key=lambda r: r["gpus"])
@@ -637,7 +692,8 @@ def run_hsdp(
 
     def change(s: str) -> float:
         return 100 * (
-            at(s, gpus_list[-1])["tokens_per_s_per_gpu"] / at(s, gpus_list[0])["tokens_per_s_per_gpu"]
+            at(s, gpus_list[-1])["tokens_per_s_per_gpu"]
+            / at(s, gpus_list[0])["tokens_per_s_per_gpu"]
             - 1
         )
 
