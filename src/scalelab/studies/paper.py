@@ -157,7 +157,7 @@ def findings_table(found: list[findings.Finding]) -> str:
                 f.id,
                 f.quantity,
                 f.paper_text + ("" if f.unit == "ratio" else f" {f.unit}"),
-                f.predicted_text,
+                f.predicted_text + ("" if f.unit == "ratio" or math.isnan(f.predicted) else f" {f.unit}"),
                 f.tolerance,
                 "yes" if f.within else "**no**",
                 f.basis + (f" (`{f.fitted_parameter}`)" if f.fitted_parameter else ""),
