@@ -440,12 +440,15 @@ def _plot_strong(
                 continue
             pts = [p for p in pts if p["gpus"] in differs]
         ax1.plot(
-            [p["gpus"] for p in pts], [p["tokens_per_s"] / 1e6 for p in pts], label=series, **style
+            [p["gpus"] for p in pts],
+            [p["tokens_per_s"] / 1e6 for p in pts],
+            label=f"{series}: {families_label(pts)}" if pts else series,
+            **style,
         )
         ax2.plot(
             [p["gpus"] for p in pts],
             [p["tokens_per_s_per_gpu"] for p in pts],
-            label=series,
+            label=f"{series}: {families_label(pts)}" if pts else series,
             **style,
         )
     study = sorted((r for r in rows if r["series"] == STRONG_STUDY), key=lambda r: r["gpus"])
@@ -542,9 +545,7 @@ def run_model_size(
     colors = dict(zip(MODELS, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
     missing: list[tuple[str, int]] = []
     for name, color in colors.items():
-        tag = (
-            " (ASSUMED shape: TinyLlama-1.1B; Meta released no Llama-2 1B)" if assumed[name] else ""
-        )
+        tag = " (ASSUMED shape)" if assumed[name] else ""
         for kind, style in (("pure FSDP", "--"), ("best layout", "-")):
             series = f"{name} {kind}"
             mine = sorted((r for r in rows if r["series"] == series), key=lambda r: r["gpus"])
@@ -571,6 +572,14 @@ def run_model_size(
                             label="x at 0: no point, the layout does not fit in GPU memory "
                             "(even with full recomputation)",
                         )
+                    ax1.annotate(
+                        f"{name} {kind}: does not fit",
+                        (r["gpus"], 0),
+                        xytext=(8, 8 + 14 * sum(1 for m in missing if m[1] == r["gpus"])),
+                        textcoords="offset points",
+                        fontsize=8,
+                        color=color,
+                    )
     for ax in (ax1, ax2):
         gpu_axis(ax, gpus_list, "GPUs (log scale)")
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)
@@ -580,8 +589,17 @@ def run_model_size(
     ax2.set_title("exposed communication by model size")
     _legend_below(fig, (ax1, ax2), ncol=2)
     fig.suptitle(
-        f"Model size on {a.cluster}: {a.sequences_per_gpu} x {a.seq_len} tokens per GPU "
-        "(weak scaling); light lines: assumed model shape",
+        f"Model size on {a.cluster}: {a.sequences_per_gpu} x {a.seq_len} tokens per GPU (weak scaling)\n"
+        + (
+            "light lines: an ASSUMED model shape ("
+            + ", ".join(
+                f"{n}: {load_model(n).source.split('.')[1].strip()}" for n in MODELS if assumed[n]
+            )
+            + "); "
+            if any(assumed.values())
+            else ""
+        )
+        + "HSDP, where a best layout uses it, was not run by the study",
         fontsize=12,
     )
     fig.tight_layout(rect=(0, 0.16, 1, 0.96))
