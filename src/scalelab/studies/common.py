@@ -85,11 +85,6 @@ def families_label(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def uses_new_schedule(layout: dict[str, Any]) -> bool:
-    """A pipeline schedule the study's PyTorch 2.3.1 did not have."""
-    return int(layout["pp"]) > 1 and layout["pp_schedule"] not in STUDY_SCHEDULES
-
-
 def is_assumed(source: str) -> bool:
     """A catalog entry whose source says its values are assumed rather than measured or fitted."""
     return "ASSUM" in source
