@@ -23,7 +23,7 @@ def study(
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run a preset experiment: figures (PNG), CSVs and report.md in the output folder."""
+    """Run a preset experiment: figures (PNG + JSON), CSVs, report.md and report.html in the output folder."""
     folder = out or Path("scalelab-out") / name
     with Progress(
         SpinnerColumn(),
@@ -40,17 +40,20 @@ def study(
             {
                 k: v
                 for k, v in result.items()
-                if k in ("findings", "figures", "report", "tables", "study", "within")
+                if k in ("findings", "figures", "report", "html", "tables", "study", "within")
             }
         )
         return
     if "findings" in result:
         for f in result["findings"]:
             mark = "[green]within[/]" if f["within"] else "[red]outside[/]"
+            basis = f["basis"] + (f" {f['fitted_parameter']}" if f["fitted_parameter"] else "")
             console.print(
-                f"  {f['id']}: paper {f['paper']:g} {f['unit']}, scalelab {f['predicted']:.2f} ({f['tolerance']}): {mark}"
+                f"  {f['id']}: study {f['paper_text']} {f['unit']}, scalelab {f['predicted_text']} "
+                f"({f['tolerance']}; {basis}): {mark}"
             )
         console.print(f"{result['within']} of {len(result['findings'])} findings within tolerance")
     console.print(
-        f"wrote {len(result['figures'])} figures and {len(result['tables'])} tables; report: [bold]{result['report']}[/]"
+        f"wrote {len(result['figures'])} figures and {len(result['tables'])} tables; report: "
+        f"[bold]{result['report']}[/] and [bold]{result['html']}[/]"
     )

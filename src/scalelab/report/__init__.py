@@ -53,9 +53,9 @@ def build_report(
     import pandas as pd
 
     from scalelab.config.catalog import load_cluster
+    from scalelab.plotting import write_csv
     from scalelab.report import data, figures, html
     from scalelab.results import export, record_row
-    from scalelab.studies.common import write_csv
 
     src = Path(records_dir)
     dest = Path(out) if out is not None else src / "report"

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scalelab.plotting import gpu_axis, pyplot, save_figure
 from scalelab.report.data import METRICS, Metric, Row
-from scalelab.studies.common import gpu_axis, pyplot, save_figure
 
 
 def _series(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:

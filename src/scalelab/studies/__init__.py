@@ -9,6 +9,7 @@ from typing import Any
 from scalelab.errors import InputError
 from scalelab.studies import collectives, grid, scaling
 from scalelab.studies.common import DEFAULT, Assumptions, StudyOutput, write_report
+from scalelab.studies.html import write_html
 
 Runner = Callable[[Path, Assumptions, Callable[[str], None]], StudyOutput]
 
@@ -18,7 +19,7 @@ STUDIES: dict[str, tuple[str, Runner]] = {
         collectives.run,
     ),
     "weak-scaling": (
-        "llama2-7b on 8 -> 2048 GPUs at a fixed per-GPU batch: FSDP, HSDP, best layout",
+        "llama2-7b on 8 -> 2048 GPUs at a fixed per-GPU batch: FSDP, FSDP + TP, HSDP, best layout",
         scaling.run_weak,
     ),
     "strong-scaling": (
@@ -55,17 +56,17 @@ def run_study(
         return run_paper(out, assumptions, progress)
     title, runner = STUDIES[name]
     result = runner(out, assumptions, progress)
-    report = write_report(
-        out,
-        f"scalelab study {name}: {title}",
-        [
-            "Assumptions:\n" + "\n".join(f"- {line}" for line in assumptions.lines()),
-            *result.markdown,
-        ],
-    )
+    heading = f"scalelab study {name}: {title}"
+    sections = [
+        "Assumptions:\n" + "\n".join(f"- {line}" for line in assumptions.lines()),
+        *result.markdown,
+    ]
+    report = write_report(out, heading, sections)
+    page = write_html(out, heading, sections)
     return {
         "study": name,
         "report": str(report),
+        "html": str(page),
         "figures": [str(f) for f in result.figures],
         "tables": [str(t) for t in result.tables],
     }

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from scalelab.config.catalog import load_cluster, load_model
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.io import atomic_write, atomic_write_text
+from scalelab.io import atomic_write_text
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, describe, search
 
@@ -49,6 +48,46 @@ class Assumptions:
 
 DEFAULT = Assumptions()
 WEAK_SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+
+# The predictor's output keys the studies read by name (issue 10a renames the energy one).
+TOKENS_PER_J = "tokens_per_joule"
+
+# Pipeline schedules the study's software could run. PyTorch 2.3.1 has no pipeline schedules in
+# core (torch.distributed.pipelining arrived in 2.4 from PiPPy, which offered GPipe, 1F1B and
+# interleaved 1F1B); ZBV was added in December 2024 (pytorch/pytorch#142084). Every series that
+# stands for the study's TP/PP arm is searched over these only.
+STUDY_SCHEDULES = ["gpipe", "1f1b", "interleaved"]
+STUDY_SCHEDULES_NOTE = (
+    "PyTorch 2.3.1's pipeline schedules (GPipe, 1F1B, interleaved 1F1B); ZBV, added to PyTorch in "
+    "December 2024 (pytorch/pytorch#142084), is excluded"
+)
+
+
+def family(layout: dict[str, Any]) -> str:
+    """The layout family a reader can check a label against: FSDP / HSDP with + TP, + PP, + CP."""
+    parts = [str(layout["sharding"]).upper()]
+    for key in ("tp", "pp", "cp"):
+        if int(layout[key]) > 1:
+            parts.append(key.upper())
+    return " + ".join(parts)
+
+
+def families_label(rows: list[dict[str, Any]]) -> str:
+    """'HSDP' when every row is one family, else 'FSDP + TP at 16-32 GPUs, ...' in GPU order."""
+    seen: dict[str, list[int]] = {}
+    for r in sorted(rows, key=lambda r: r["gpus"]):
+        seen.setdefault(r["family"], []).append(r["gpus"])
+    if len(seen) == 1:
+        return next(iter(seen))
+    return ", ".join(
+        f"{fam} at {g[0]}" + (f"-{g[-1]}" if len(g) > 1 else "") + " GPUs"
+        for fam, g in seen.items()
+    )
+
+
+def is_assumed(source: str) -> bool:
+    """A catalog entry whose source says its values are assumed rather than measured or fitted."""
+    return "ASSUM" in source
 
 
 @dataclass
@@ -116,57 +155,6 @@ def best_layout(
         top_k=1,
     )
     return result.top[0] if result.top else None
-
-
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    keys: list[str] = []
-    for row in rows:
-        keys.extend(k for k in row if k not in keys)
-
-    def write(tmp: Path) -> None:
-        with tmp.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-
-    return atomic_write(path, write)
-
-
-def save_figure(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    def write(tmp: Path) -> None:
-        fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-
-    atomic_write(path, write)
-    plt.close(fig)
-    return path
-
-
-def pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update(
-        {"figure.figsize": (11, 6.5), "axes.grid": True, "grid.alpha": 0.3, "font.size": 10}
-    )
-    return plt
-
-
-def gpu_axis(ax: Any, gpus: Iterable[int]) -> None:
-    values = list(gpus)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(values)
-    ax.set_xticklabels([str(g) for g in values], rotation=0)
-    ax.set_xlabel("GPUs")
-
-
-def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def load(a: Assumptions = DEFAULT) -> tuple[ModelSpec, ClusterSpec]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -13,6 +14,7 @@ from scalelab.config.catalog import load_cluster
 from scalelab.search import Constraints
 from scalelab.studies.common import (
     DEFAULT,
+    STUDY_SCHEDULES,
     Assumptions,
     best_layout,
     fsdp_at,
@@ -34,42 +36,95 @@ SHORT = {
 }
 
 
+BASES = ("predicted", "derived", "fitted")
+
+
 @dataclass(frozen=True)
 class Finding:
+    """One finding: the study's value (a number or a range), scalelab's, the tolerance, the basis."""
+
     id: str
     quantity: str
-    paper: float
+    paper_text: str
+    paper_low: float
+    paper_high: float
     predicted: float
     unit: str
     tolerance: str
     low: float
     high: float
     how: str
+    basis: str = "predicted"
+    fitted_parameter: str = ""
 
     @property
     def short(self) -> str:
         return SHORT.get(self.id, self.quantity)
 
     @property
+    def paper(self) -> float | None:
+        """The study's value when it is one number; None when it is a range (F7: 2-4)."""
+        return self.paper_low if self.paper_low == self.paper_high else None
+
+    @property
     def within(self) -> bool:
         return self.low <= self.predicted <= self.high
+
+    @property
+    def predicted_text(self) -> str:
+        return fmt(self.predicted, self.unit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "quantity": self.quantity,
             "paper": self.paper,
-            "predicted": self.predicted,
+            "paper_text": self.paper_text,
+            "paper_low": self.paper_low,
+            "paper_high": self.paper_high,
+            "predicted": None if math.isnan(self.predicted) else self.predicted,
+            "predicted_text": self.predicted_text,
             "unit": self.unit,
             "tolerance": self.tolerance,
+            "tolerance_low": self.low,
+            "tolerance_high": self.high,
             "within": self.within,
+            "basis": self.basis,
+            "fitted_parameter": self.fitted_parameter,
             "how": self.how,
         }
 
 
+def fmt(value: float, unit: str) -> str:
+    """A finding's value in its unit's precision; a missing one (no crossover found) is 'none'."""
+    if math.isnan(value):
+        return "none"
+    if unit in ("GPUs", "degree"):
+        return f"{value:.0f}"
+    if unit == "ratio":
+        return f"{value:.2f}"
+    return f"{value:+.2f}" if value < 0 else f"{value:.2f}"
+
+
 def paper_values() -> dict[str, dict[str, str]]:
     text = resources.files("scalelab").joinpath("data/paper_findings.csv").read_text()
-    return {r["id"]: r for r in csv.DictReader(text.splitlines())}
+    rows = {r["id"]: r for r in csv.DictReader(text.splitlines())}
+    for fid, r in rows.items():
+        if r.get("scalelab_basis") not in BASES:
+            raise ValueError(f"paper_findings.csv: {fid} scalelab_basis must be one of {BASES}")
+    return rows
+
+
+def paper_range(text: str) -> tuple[float, float]:
+    """'-37.22' -> (-37.22, -37.22); '2-4' -> (2, 4) (a leading sign is a sign, not a range)."""
+    body = text.strip()
+    sign = ""
+    if body[:1] in "+-":
+        sign, body = body[0], body[1:]
+    if "-" in body:
+        lo, hi = body.split("-", 1)
+        return float(sign + lo), float(hi)
+    return float(sign + body), float(sign + body)
 
 
 def _mp_best(a: Assumptions, gpus: int, tps: list[int], pps: list[int]) -> dict[str, Any] | None:
@@ -80,7 +135,14 @@ def _mp_best(a: Assumptions, gpus: int, tps: list[int], pps: list[int]) -> dict[
         gpus,
         a.sequences_per_gpu * gpus,
         a.seq_len,
-        Constraints(precision=a.precision, tp=tps, pp=pps, cp=[1], sharding=["fsdp"]),
+        Constraints(
+            precision=a.precision,
+            tp=tps,
+            pp=pps,
+            cp=[1],
+            sharding=["fsdp"],
+            pp_schedule=STUDY_SCHEDULES,
+        ),
     )
 
 
@@ -92,7 +154,7 @@ def _fsdp(a: Assumptions, gpus: int, cluster_name: str | None = None) -> dict[st
 
 
 def model_parallel_best(a: Assumptions, gpus: int) -> dict[str, Any] | None:
-    """Best FSDP layout with TP or PP of degree 2..16 (and no CP)."""
+    """Best FSDP layout with TP or PP of degree 2..16 (no CP), with the study's PP schedules."""
     candidates = [
         _mp_best(a, gpus, [2, 4, 8, 16], [1]),
         _mp_best(a, gpus, [1, 2, 4, 8, 16], [2, 4, 8, 16]),
@@ -127,116 +189,53 @@ def compute(
     degree = float(max(mp2048["layout"]["tp"], mp2048["layout"]["pp"])) if mp2048 else float("nan")
     f8 = 16 * (1 + f1 / 100)
     f9 = (1 + f2 / 100) / (1 + f1 / 100)
-    p = {k: float(v["value"]) for k, v in paper.items() if k != "F7"}
+    ranges = {k: paper_range(v["value"]) for k, v in paper.items()}
+    p = {k: lo for k, (lo, hi) in ranges.items() if lo == hi}
     f8_lo, f8_hi = 16 * (1 + (p["F1"] - 5) / 100), 16 * (1 + (p["F1"] + 5) / 100)
     f9_box = [
         (1 + (p["F2"] + d2) / 100) / (1 + (p["F1"] + d1) / 100)
         for d1, d2 in itertools.product((-5, 5), (-3, 3))
     ]
-
-    def q(fid: str) -> str:
-        return paper[fid]["quantity"]
-
+    tp_text = tp_best["layout"]["tp"] if tp_best else "-"
+    # id: (scalelab's value, unit, tolerance text, tolerance low, high, how scalelab computes it)
+    spec: dict[str, tuple[float, str, str, float, float, str]] = {
+        "F1": (f1, "%", "±5 points", p["F1"] - 5, p["F1"] + 5,
+               "pure FSDP, tokens/s per GPU at 2048 vs 128 GPUs"),
+        "F2": (f2, "%", "±3 points", p["F2"] - 3, p["F2"] + 3,
+               "pure FSDP, GPU board power at 2048 vs 128 GPUs"),
+        "F3": (f3, "%", "±15 points", p["F3"] - 15, p["F3"] + 15,
+               f"best FSDP + TP 2-4 (TP {tp_text}, PP 1) vs pure FSDP, global tokens/s at 2048 GPUs"),
+        "F4": (f4, "%", "±5 points", p["F4"] - 5, p["F4"] + 5,
+               f"pure FSDP on a100-ib at {a.hardware_scale_gpus} GPUs"),
+        "F5": (f5, "%", "±5 points", p["F5"] - 5, p["F5"] + 5,
+               f"pure FSDP on {a.cluster} at {a.hardware_scale_gpus} GPUs"),
+        "F6": (crossover, "GPUs", "crossover between 64 and 256", 64, 256,
+               "smallest GPU count at which the best FSDP + TP/PP layout (TP or PP >= 2, the "
+               "study's PP schedules) beats pure FSDP; none = not up to 2048 GPUs"),
+        "F7": (degree, "degree", "best TP or PP degree of 2 to 4", ranges["F7"][0], ranges["F7"][1],
+               "TP or PP degree of the best FSDP + TP/PP layout at 2048 GPUs"),
+        "F8": (f8, "ratio", "from F1's ±5 points", f8_lo, f8_hi,
+               "16 x (1 + F1), global throughput gain of 16x the GPUs"),
+        "F9": (f9, "ratio", "from F1's and F2's tolerances", min(f9_box), max(f9_box),
+               "(1 + F2) / (1 + F1), GPU energy per token"),
+    }  # fmt: skip
     return [
         Finding(
-            "F1",
-            q("F1"),
-            p["F1"],
-            f1,
-            "%",
-            "±5 points",
-            p["F1"] - 5,
-            p["F1"] + 5,
-            "pure FSDP, tokens/s per GPU at 2048 vs 128 GPUs",
-        ),
-        Finding(
-            "F2",
-            q("F2"),
-            p["F2"],
-            f2,
-            "%",
-            "±3 points",
-            p["F2"] - 3,
-            p["F2"] + 3,
-            "pure FSDP, GPU board power at 2048 vs 128 GPUs",
-        ),
-        Finding(
-            "F3",
-            q("F3"),
-            p["F3"],
-            f3,
-            "%",
-            "±15 points",
-            p["F3"] - 15,
-            p["F3"] + 15,
-            f"best FSDP + TP 2-4 ({tp_best['layout']['tp'] if tp_best else '-'}) vs pure FSDP, global tokens/s at 2048 GPUs",
-        ),
-        Finding(
-            "F4",
-            q("F4"),
-            p["F4"],
-            f4,
-            "%",
-            "±5 points",
-            p["F4"] - 5,
-            p["F4"] + 5,
-            f"pure FSDP on a100-ib at {a.hardware_scale_gpus} GPUs",
-        ),
-        Finding(
-            "F5",
-            q("F5"),
-            p["F5"],
-            f5,
-            "%",
-            "±5 points",
-            p["F5"] - 5,
-            p["F5"] + 5,
-            f"pure FSDP on {a.cluster} at {a.hardware_scale_gpus} GPUs",
-        ),
-        Finding(
-            "F6",
-            q("F6"),
-            p["F6"],
-            crossover,
-            "GPUs",
-            "crossover between 64 and 256",
-            64,
-            256,
-            "smallest GPU count at which the best FSDP + TP/PP layout beats pure FSDP",
-        ),
-        Finding(
-            "F7",
-            q("F7"),
-            3.0,
-            degree,
-            "degree",
-            "best TP or PP degree of 2 or 4",
-            2,
-            4,
-            "TP or PP degree of the best FSDP + TP/PP layout at 2048 GPUs (paper: 2-4)",
-        ),
-        Finding(
-            "F8",
-            q("F8"),
-            p["F8"],
-            f8,
-            "ratio",
-            "from F1's ±5 points",
-            f8_lo,
-            f8_hi,
-            "16 x (1 + F1), global throughput gain of 16x the GPUs",
-        ),
-        Finding(
-            "F9",
-            q("F9"),
-            p["F9"],
-            f9,
-            "ratio",
-            "from F1's and F2's tolerances",
-            min(f9_box),
-            max(f9_box),
-            "(1 + F2) / (1 + F1), GPU energy per token",
-        ),
+            fid,
+            paper[fid]["quantity"],
+            paper[fid]["value"].lstrip("+"),
+            ranges[fid][0],
+            ranges[fid][1],
+            value,
+            unit,
+            tol,
+            lo,
+            hi,
+            how,
+            paper[fid]["scalelab_basis"],
+            paper[fid]["scalelab_fitted_parameter"],
+        )
+        for fid, (value, unit, tol, lo, hi, how) in spec.items()
     ]
 
 
@@ -263,7 +262,7 @@ def sensitivity(
             {
                 "assumption": ", ".join(f"{k}={v}" for k, v in change.items()),
                 "chosen": variant == a,
-                **{f.id: f.predicted for f in found if f.id <= "F7"},
+                **{f.id: f.predicted_text for f in found if f.id <= "F7"},
                 "within": sum(f.within for f in found if f.id <= "F7"),
             }
         )
