@@ -600,7 +600,7 @@ def _read(r: _Reader) -> Run:
     try:
         draft = Run(**fields)  # type: ignore[arg-type]
         target = target_tokens_per_s_per_gpu(draft)
-        run = draft.model_copy(update={"tokens_per_s_per_gpu": round(target, 4)})
+        run = draft.model_copy(update={"tokens_per_s_per_gpu": float(f"{target:.8g}")})
     except (ValidationError, ValueError) as exc:
         raise _SkipError(f"fields out of range ({str(exc).splitlines()[0]})") from None
     r.note("tokens_per_s_per_gpu", f"{run.tokens_per_s_per_gpu:g}", "comparison target")

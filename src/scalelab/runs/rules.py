@@ -112,10 +112,10 @@ _SHARDING_SPELLINGS: tuple[tuple[str, str, str], ...] = (
     (r"_?HYBRID_SHARD(?:_ZERO2)?\b|\bhsdp\b|hybrid[\s_-]shard", "hsdp", "hybrid sharding = HSDP"),
     (r"\bSHARD_GRAD_OP\b", "zero2", "PyTorch FSDP SHARD_GRAD_OP = ZeRO-2"),
     (r"reshard_after_forward\s*=\s*false", "zero2", "FSDP2 reshard_after_forward=False = ZeRO-2"),
-    (r"\bzero[\s_-]?(?:stage[\s_-]?)?3\b|\bstage[\s_-]?3\b", "fsdp", "ZeRO-3 = full sharding"),
-    (r"\bzero[\s_-]?(?:stage[\s_-]?)?2\b|\bstage[\s_-]?2\b", "zero2", "ZeRO-2"),
-    (r"\bzero[\s_-]?(?:stage[\s_-]?)?1\b|\bstage[\s_-]?1\b", "zero1", "ZeRO-1"),
-    (r"\bzero[\s_-]?(?:stage[\s_-]?)?0\b|\bstage[\s_-]?0\b", "ddp", "ZeRO-0 = DDP"),
+    (r"\bzero[\s_-]?(?:stage)?[\s_=:-]*3\b|\bstage[\s_=:-]*3\b", "fsdp", "ZeRO-3 = full sharding"),
+    (r"\bzero[\s_-]?(?:stage)?[\s_=:-]*2\b|\bstage[\s_=:-]*2\b", "zero2", "ZeRO-2"),
+    (r"\bzero[\s_-]?(?:stage)?[\s_=:-]*1\b|\bstage[\s_=:-]*1\b", "zero1", "ZeRO-1"),
+    (r"\bzero[\s_-]?(?:stage)?[\s_=:-]*0\b|\bstage[\s_=:-]*0\b", "ddp", "ZeRO-0 = DDP"),
     (
         r"distributed[\s_-]optimi[sz]er|use[_-]distributed[_-]optimizer|distributed_fused_adam",
         "zero1",
@@ -145,7 +145,7 @@ def read_sharding(text: str) -> tuple[str, str] | None:
             return value, rule
         if said is False:
             negated_any = True
-    if negated_any:
+    if negated_any or mention(t, r"\bzero\b|\bfsdp2?\b|\bsharding\b") is False:
         return "ddp", "sharding named only to say it is off = DDP"
     return None
 

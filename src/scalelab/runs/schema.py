@@ -53,7 +53,7 @@ class FlopFormula(StrEnum):
     """FLOPs per token formulas that sources use to report MFU or TFLOP/s."""
 
     NONE = ""
-    # 6·N + 12·L·H·Q·T (PaLM appendix B; MosaicML's 3·(2·N·s + 4·l·d·s²) is the same per token).
+    # 6·N + 12·L·H·Q·T (PaLM appendix B; 3·(2·N·s + 4·l·d·s²) per sequence is the same per token).
     PALM = "palm: 6N+12LHQT"
     # 6·N_non-embedding + 12·L·H·Q·T (torchtitan's MFU).
     PALM_NON_EMBEDDING = "palm-non-embedding: 6N_nonemb+12LHQT"
