@@ -481,7 +481,9 @@ def explain(row: int, data: Path | None = None, review: Path | None = None) -> l
     else:
         if not data.is_file():
             raise InputError("data", f"no such file: {data}")
-        entries = read_review(review.read_text()) if review and review.is_file() else []
+        if review is not None and not review.is_file():
+            raise InputError("review", f"no such file: {review}")
+        entries = read_review(review.read_text()) if review else []
         text = data.read_text()
         if is_typed_header(text.splitlines()[0].split(",")):
             raise InputError(
