@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -273,80 +274,93 @@ def target_tokens_per_s_per_gpu(run: Run) -> float:
     return value * 1e12 / per_token
 
 
-def _read(r: _Reader) -> Run:
-    raw_source = r.text("source")
-    if not raw_source:
+def _read_identity(r: _Reader, f: dict[str, Any]) -> None:
+    """Source, its group label, the stack that ran the job, the model's name."""
+    f["source"] = r.text("source")
+    if not f["source"]:
         raise _SkipError("source not stated")
-    group = r.text("source_group") or raw_source
+    group = r.text("source_group")
+    f["source_group"] = group or f["source"]
     r.note(
         "source_group",
-        group,
-        r.source_of("source_group") if r.text("source_group") else "the source text",
+        f["source_group"],
+        r.source_of("source_group") if group else "the source text",
     )
-    stack = r.text("framework")
+    f["stack"] = r.text("framework")
     r.note(
         "stack",
-        stack or "(not stated)",
-        r.source_of("framework") if stack else "no framework stated",
+        f["stack"] or "(not stated)",
+        r.source_of("framework") if f["stack"] else "no framework stated",
     )
-    notes = r.text("notes")
-    name = r.text("model")
-    if not name:
+    f["notes"] = r.text("notes")
+    f["model"] = r.text("model")
+    if not f["model"]:
         raise _SkipError("model not stated")
 
-    # Model shape
-    layers = r.required("layers", "n_layers", "model shape")
-    hidden = r.required("hidden_size", "d_model", "model shape")
-    heads = r.required("heads", "n_heads", "model shape")
-    arch = _architecture(r, name)
+
+def _read_model(r: _Reader, f: dict[str, Any]) -> None:
+    """The model's shape and architecture (family from its name)."""
+    f["n_layers"] = r.required("layers", "n_layers", "model shape")
+    f["d_model"] = r.required("hidden_size", "d_model", "model shape")
+    f["n_heads"] = r.required("heads", "n_heads", "model shape")
+    arch = _architecture(r, f["model"])
+    f |= arch
     kv = r.integer("kv_heads", "n_kv_heads")
     if kv is None:
-        kv = heads
+        kv = f["n_heads"]
         r.assume(
             "n_kv_heads", kv, "no grouped-query attention stated: multi-head (kv heads = heads)"
         )
+    f["n_kv_heads"] = kv
     d_ff = r.integer("ffn_size", "d_ff")
     if d_ff is None:
         if arch["ffn"] == "swiglu":
             raise _SkipError("FFN width not stated (SwiGLU widths vary)")
-        d_ff = 4 * hidden
+        d_ff = 4 * f["d_model"]
         r.assume("d_ff", d_ff, "FFN width not stated: the GPT convention 4 x d_model")
-    vocab = r.integer("vocab", "vocab_size")
-    if vocab is None:
+    f["d_ff"] = d_ff
+    f["vocab_size"] = r.integer("vocab", "vocab_size")
+    if f["vocab_size"] is None:
         raise _SkipError("vocabulary not stated")
-    r.source_of("vocab")
-    seq = r.required("seq_len", "seq_len", "sequence length", binary=True)
+    f["seq_len"] = r.required("seq_len", "seq_len", "sequence length", binary=True)
+    names = (
+        "model",
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "n_kv_heads",
+        "d_ff",
+        "vocab_size",
+        "seq_len",
+    )
     try:
-        ModelSpec(
-            name=name,
-            n_layers=layers,
-            d_model=hidden,
-            n_heads=heads,
-            n_kv_heads=kv,
-            d_ff=d_ff,
-            vocab_size=vocab,
-            seq_len=seq,
-            **arch,  # type: ignore[arg-type]
-        )
+        ModelSpec(**{("name" if n == "model" else n): f[n] for n in names}, **arch)  # type: ignore[arg-type]
     except ValidationError:
         raise _SkipError("model shape not consistent (heads, kv heads, hidden size)") from None
 
-    # Hardware
+
+def _read_hardware(r: _Reader, f: dict[str, Any]) -> None:
+    """GPU, catalog cluster, node, NVLink domain and network."""
     gpu_text = r.text("gpu_type")
     gpu_read = rules.read_gpu(gpu_text)
     if isinstance(gpu_read, str):
         raise _SkipError(gpu_read)
     gpu, gib, gpu_rule = gpu_read
     r.note("gpu", gpu, gpu_rule)
-    catalog_gpu = load_gpu(gpu)
-    memory = gib if gib is not None else catalog_gpu.hbm_gib
-    r.note("gpu_memory_gib", memory, "stated in the GPU name" if gib else "catalog (not stated)")
+    f["gpu"] = gpu
+    f["gpu_memory_gib"] = gib if gib is not None else load_gpu(gpu).hbm_gib
+    r.note(
+        "gpu_memory_gib",
+        f["gpu_memory_gib"],
+        "stated in the GPU name" if gib else "catalog (not stated)",
+    )
     cluster_name = _family_cluster(gpu)
     if cluster_name is None:
         raise _SkipError(f"no catalog cluster for GPU {gpu}")
     r.note("cluster", cluster_name, "the catalog cluster of this GPU (family)")
+    f["cluster"] = cluster_name
     catalog = load_cluster(cluster_name)
-    gpus = r.required("num_gpus", "gpus", "GPU count")
+    gpus = f["gpus"] = r.required("num_gpus", "gpus", "GPU count")
     system_text = f"{gpu_text}; {r.text('network')}"
     dgx = rules.read_dgx(system_text)
     domain_stated = rules.read_nvlink_domain(system_text)
@@ -357,12 +371,11 @@ def _read(r: _Reader) -> Run:
             r.note("gpus_per_node", gpn, "a named DGX/HGX/NVL system: its catalog node")
         else:
             raise _SkipError("GPUs per node not stated")
-    else:
-        r.source_of("gpus_per_node")
-    domain = domain_stated or gpn
+    f["gpus_per_node"] = gpn
+    f["nvlink_domain"] = domain_stated or gpn
     r.note(
         "nvlink_domain",
-        domain,
+        f["nvlink_domain"],
         "NVL-N system named" if domain_stated else "NVSwitch joins the node's GPUs",
     )
     net = rules.read_network(system_text, gpn)
@@ -383,8 +396,12 @@ def _read(r: _Reader) -> Run:
     if r.text("network"):
         net_rule += "; " + r.source_of("network")
     r.note("network", f"{nics} x {gbps:g} Gb/s", net_rule)
+    f["nics_per_node"], f["nic_gbps"] = nics, gbps
 
-    # Layout
+
+def _read_degrees_and_batch(r: _Reader, f: dict[str, Any]) -> None:
+    """Parallel degrees, micro-batch and global batch."""
+    gpus, notes = f["gpus"], f["notes"]
     tp = r.integer("tp", "tp")
     pp = r.integer("pp", "pp")
     if tp is None or pp is None:
@@ -404,12 +421,11 @@ def _read(r: _Reader) -> Run:
         raise _SkipError(
             f"degrees do not multiply to the GPU count ({tp}x{pp}x{cp}x{dp} != {gpus})"
         )
-    micro = r.integer("micro_batch", "micro_batch")
-    if micro is None:
+    f |= {"tp": tp, "pp": pp, "cp": cp}
+    f["micro_batch"] = r.integer("micro_batch", "micro_batch")
+    if f["micro_batch"] is None:
         raise _SkipError("micro-batch not stated")
-    r.source_of("micro_batch")
     global_batch = r.integer("global_batch_seqs", "global_batch")
-    r.source_of("global_batch_seqs")
     local = re.search(r"\blocal batch (\d+)", notes, re.I)
     step_time = r.number("step_time_s")
     per_gpu = r.number("tokens_per_sec_per_gpu")
@@ -421,32 +437,38 @@ def _read(r: _Reader) -> Run:
         )
     if global_batch is None and step_time and (per_gpu or total):
         tokens_per_s = total or (per_gpu or 0.0) * gpus
-        global_batch = max(1, round(tokens_per_s * step_time / seq))
+        global_batch = max(1, round(tokens_per_s * step_time / f["seq_len"]))
         r.note("global_batch", global_batch, "derived: tokens/s x step time / sequence length")
     if global_batch is None:
         raise _SkipError("global batch not stated")
+    f["global_batch"] = global_batch
 
+
+def _read_sharding_and_sp(r: _Reader, f: dict[str, Any]) -> None:
+    """Data-parallel sharding (with the Megatron stack rule) and sequence parallelism."""
     sharding_text = r.text("sharding")
     read = rules.read_sharding(sharding_text)
-    if read is None and rules.mention(stack, r"megatron"):
-        sharding, how = (
-            "zero1",
+    if read is None and rules.mention(f["stack"], r"megatron"):
+        sharding = "zero1"
+        r.assume(
+            "sharding",
+            sharding,
             "no sharding stated; the stack is Megatron-based: distributed optimizer",
         )
-        r.assume("sharding", sharding, how)
     elif read is None:
         raise _SkipError("sharding not stated")
     else:
         sharding = read[0]
         r.note("sharding", sharding, f"{read[1]} (raw {sharding_text!r})")
-    reshard = sharding != "zero2"
-
+    f["sharding"] = sharding
+    f["reshard_after_forward"] = sharding != "zero2"
+    tp = f["tp"]
     sp_cell = r.text("sequence_parallel")
     sp: bool | None = rules.truth(sp_cell) if sp_cell else None
     if sp is not None:
         r.note("sequence_parallel", sp, r.source_of("sequence_parallel"))
     else:
-        sp = rules.mention(notes, r"sequence[\s_-]?parallel(?:ism)?\b|\bSP\b")
+        sp = rules.mention(f["notes"], r"sequence[\s_-]?parallel(?:ism)?\b|\bSP\b")
         if sp is not None:
             r.note("sequence_parallel", sp, "notes (negations honoured; paths ignored)")
         elif tp == 1:
@@ -457,9 +479,14 @@ def _read(r: _Reader) -> Run:
     if sp and tp == 1:
         sp = False
         r.note("sequence_parallel", sp, "tp = 1: sequence parallelism does not apply")
+    f["sequence_parallel"] = sp
 
+
+def _read_pipeline(r: _Reader, f: dict[str, Any]) -> None:
+    """Virtual stages and the pipeline schedule."""
+    pp = f["pp"]
     vstages = r.integer("virtual_pipeline_stages", "virtual_stages")
-    schedule_text = f"{r.text('pp_schedule')} {notes}"
+    schedule_text = f"{r.text('pp_schedule')} {f['notes']}"
     interleaved = rules.mention(schedule_text, r"interleaved")
     if vstages is None:
         if pp == 1:
@@ -484,12 +511,17 @@ def _read(r: _Reader) -> Run:
     else:
         schedule = "1f1b"
         r.assume("pp_schedule", schedule, "pipeline schedule not stated: 1F1B (PipeDream-flush)")
+    f["virtual_stages"], f["pp_schedule"] = vstages, schedule
 
+
+def _read_kernels(r: _Reader, f: dict[str, Any]) -> None:
+    """Recompute, precision recipe, attention kernel, and overlap/compiler options."""
+    notes = f["notes"]
     rec = rules.read_recompute(r.text("activation_checkpointing"))
     if rec is None:
         raise _SkipError("activation checkpointing not stated")
     r.note("recompute", rec[0], f"{rec[1]}; {r.source_of('activation_checkpointing')}")
-
+    f["recompute"] = rec[0]
     precision = rules.read_precision(r.text("precision"), r.text("fp8_scaling"))
     if isinstance(precision, str):
         raise _SkipError(precision)
@@ -497,7 +529,7 @@ def _read(r: _Reader) -> Run:
     if r.text("fp8_scaling") and precision[0].startswith("fp8"):
         how += "; " + r.source_of("fp8_scaling")
     r.note("precision", precision[0], how)
-
+    f["precision"] = precision[0]
     attention = rules.read_attention(r.text("attention")) if r.text("attention") else None
     if attention is not None:
         r.note("attention", attention[0], f"{attention[1]}; {r.source_of('attention')}")
@@ -506,18 +538,24 @@ def _read(r: _Reader) -> Run:
         if attention is None:
             raise _SkipError("attention kernel not stated")
         r.note("attention", attention[0], f"{attention[1]} (notes)")
-
+    f["attention"] = attention[0]
     async_tp = rules.mention(notes, r"async[\s_-]?tp")
     if async_tp is None and rules.mention(notes, r"vanilla tp"):
         async_tp = False
     compiled = rules.mention(notes, r"torch\.compile")
     r.note("async_tp", async_tp, "notes" if async_tp is not None else "not stated")
     r.note("torch_compile", compiled, "notes" if compiled is not None else "not stated")
+    f["async_tp"], f["torch_compile"] = async_tp, compiled
 
-    # Measurement
+
+def _read_measurement(r: _Reader, f: dict[str, Any]) -> None:
+    """What was measured and how it becomes tokens/s per GPU; measured peak memory."""
+    notes = f["notes"]
     formula, formula_how = _flop_formula(notes)
-    flop_params = rules.parse_number(r.text("params"))
     peak = _peak_tflops(notes)
+    per_gpu = r.number("tokens_per_sec_per_gpu")
+    total = r.number("tokens_per_sec_global")
+    step_time = r.number("step_time_s")
     mfu = r.number("mfu_pct")
     tflops = r.number("tflops_per_gpu")
     quantity: MeasuredQuantity
@@ -544,61 +582,35 @@ def _read(r: _Reader) -> Run:
         r.note("measured", f"{quantity} {value:g}", f"{formula_how}; peak {peak} TFLOP/s")
     else:
         r.note("measured", f"{quantity} {value:g}", "stated")
+    f["measured_quantity"], f["measured_value"] = quantity, value
+    f["flop_formula"] = formula if uses_formula else FlopFormula.NONE
+    stated_params = rules.parse_number(r.text("params"))
+    f["flop_params"] = stated_params if uses_formula and formula != FlopFormula.MEGATRON else None
+    f["peak_tflops"] = peak if quantity == MeasuredQuantity.MFU else None
     mem = re.search(r"peak mem(?:ory)?\s*([\d.]+)\s*(GiB|GB)", notes, re.I)
-    peak_mem = None
+    f["measured_peak_memory_gib"] = None
     if mem:
-        peak_mem = float(mem.group(1)) * (1.0 if mem.group(2) == "GiB" else 1e9 / 2**30)
-        r.note("measured_peak_memory_gib", round(peak_mem, 3), "notes: 'peak mem'")
+        gib = float(mem.group(1)) * (1.0 if mem.group(2) == "GiB" else 1e9 / 2**30)
+        f["measured_peak_memory_gib"] = round(gib, 3)
+        r.note("measured_peak_memory_gib", round(gib, 3), "notes: 'peak mem'")
 
-    fields = dict(
-        row=r.index,
-        source=raw_source,
-        source_group=group,
-        stack=stack,
-        model=name,
-        n_layers=layers,
-        d_model=hidden,
-        n_heads=heads,
-        n_kv_heads=kv,
-        d_ff=d_ff,
-        vocab_size=vocab,
-        seq_len=seq,
-        **arch,
-        gpu=gpu,
-        gpu_memory_gib=memory,
-        cluster=cluster_name,
-        gpus_per_node=gpn,
-        nvlink_domain=domain,
-        nics_per_node=nics,
-        nic_gbps=gbps,
-        gpus=gpus,
-        global_batch=global_batch,
-        micro_batch=micro,
-        sharding=sharding,
-        reshard_after_forward=reshard,
-        tp=tp,
-        sequence_parallel=sp,
-        pp=pp,
-        pp_schedule=schedule,
-        virtual_stages=vstages,
-        cp=cp,
-        recompute=rec[0],
-        precision=precision[0],
-        attention=attention[0],
-        async_tp=async_tp,
-        torch_compile=compiled,
-        measured_quantity=quantity,
-        measured_value=value,
-        flop_formula=formula if uses_formula else FlopFormula.NONE,
-        flop_params=flop_params if uses_formula and formula != FlopFormula.MEGATRON else None,
-        peak_tflops=peak if quantity == MeasuredQuantity.MFU else None,
-        tokens_per_s_per_gpu=1.0,
-        measured_peak_memory_gib=round(peak_mem, 3) if peak_mem else None,
-        assumed=" | ".join(r.assumed),
-        notes=notes,
-    )
+
+def _read(r: _Reader) -> Run:
+    fields: dict[str, Any] = {"row": r.index}
+    for step in (
+        _read_identity,
+        _read_model,
+        _read_hardware,
+        _read_degrees_and_batch,
+        _read_sharding_and_sp,
+        _read_pipeline,
+        _read_kernels,
+        _read_measurement,
+    ):
+        step(r, fields)
+    fields |= {"tokens_per_s_per_gpu": 1.0, "assumed": " | ".join(r.assumed)}
     try:
-        draft = Run(**fields)  # type: ignore[arg-type]
+        draft = Run(**fields)
         target = target_tokens_per_s_per_gpu(draft)
         run = draft.model_copy(update={"tokens_per_s_per_gpu": float(f"{target:.8g}")})
     except (ValidationError, ValueError) as exc:
