@@ -132,3 +132,35 @@ def test_memory_is_compared_where_a_run_states_its_peak() -> None:
     assert (
         sum(memory["predicted_not_to_fit_by_source"].values()) == report.rows_predicted_not_to_fit
     )
+
+
+def test_cross_validation_never_sees_the_held_out_measurements() -> None:
+    """Changing one group's measurements leaves its held-out predictions unchanged, and moves the
+    predictions of another group whose fit used them."""
+    from dataclasses import replace
+
+    from scalelab.validate import cross_validate
+
+    cases, _ = load_cases()
+    keep = ("Megatron-LM", "MosaicML", "OneFlow")
+    cases = [c for c in cases if c.source.startswith(keep)]
+
+    def scaled(group: str, factor: float) -> list:
+        out = []
+        for c in cases:
+            if c.source.startswith(group):
+                run = c.run.model_copy(
+                    update={"tokens_per_s_per_gpu": c.run.tokens_per_s_per_gpu * factor}
+                )
+                c = replace(c, run=run)
+            out.append(c)
+        return out
+
+    base = cross_validate(cases)
+    moved = cross_validate(scaled("OneFlow", 1.5))
+    oneflow = [i for i, c in enumerate(cases) if c.source.startswith("OneFlow")]
+    assert np.allclose(np.array(base["predicted"])[oneflow], np.array(moved["predicted"])[oneflow])
+    other = cross_validate(scaled("MosaicML", 1.5))
+    assert not np.allclose(
+        np.array(base["predicted"])[oneflow], np.array(other["predicted"])[oneflow]
+    )
