@@ -281,6 +281,7 @@ def memory_comparison(cases: list[RunCase], predicted: dict[str, np.ndarray]) ->
         "runs_with_measured_peak": len(idx),
         "predicted_not_to_fit": len(not_fit),
         "predicted_not_to_fit_by_source": dict(sorted(by_source.items())),
+        "predicted_not_to_fit_rows": [cases[i].index for i in not_fit],
     }
     if len(idx):
         out |= {
