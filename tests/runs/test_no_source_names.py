@@ -32,14 +32,21 @@ def source_names() -> set[str]:
         documents = re.findall(r"[\w./*-]+\.(?:md|png|csv|xlsx)", source)
         names |= {Path(p).name for p in documents if len(Path(p).name) >= 16}
         names.add(source)
-    review = csv.DictReader(data.joinpath("published_runs_review.csv").read_text().splitlines())
-    names |= {r["value"] for r in review if r["column"] == "source_group"}
+    review = list(
+        csv.DictReader(data.joinpath("published_runs_review.csv").read_text().splitlines())
+    )
+    labels = {r["value"] for r in review if r["column"] == "source_group"}
+    stacks = " ".join(r["value"] for r in review if r["column"] == "framework").lower()
+    names |= labels
+    # A label's first word (an author, a company) unless it also names a stack (a framework).
+    names |= {w for w in (label.split()[0] for label in labels) if w.lower() not in stacks}
     return {n for n in names if len(n) >= 4}
 
 
 def test_the_name_list_is_not_empty() -> None:
     names = source_names()
     assert {"JohannesHa", "mosaicml/llm-foundry", "2104.04473", "Oneflow-Inc"} <= names
+    assert {"Hagemann", "MosaicML"} <= names
 
 
 def test_no_module_under_src_contains_a_source_name() -> None:
