@@ -19,7 +19,7 @@ import numpy as np
 from scalelab.calibrate import CommPoint, StepPoint, fit
 from scalelab.config.catalog import load_cluster
 from scalelab.config.hardware import ClusterParams
-from scalelab.validate import SkipRowError, load_rows, predict_cases, row_to_case
+from scalelab.validate import load_cases, predict_cases
 
 
 def _csv(name: str) -> list[dict[str, str]]:
@@ -60,15 +60,7 @@ def node_sweep_points(prefix: str) -> list[CommPoint]:
 
 
 def run_cases(prefix: str) -> list:
-    cases = []
-    for i, row in enumerate(load_rows(None)):
-        try:
-            case = row_to_case(i, row)
-        except SkipRowError:
-            continue
-        if case.cluster.name.startswith(prefix):
-            cases.append(case)
-    return cases
+    return [case for case in load_cases()[0] if case.cluster.name.startswith(prefix)]
 
 
 def step_points(cases: list) -> list[StepPoint]:
@@ -98,17 +90,7 @@ def mape(cases: list, params: dict | None) -> float:
             if params is None
             else c.cluster.model_copy(update={"params": c.cluster.params.model_copy(update=params)})
         )
-        moved.append(
-            type(c)(
-                c.index,
-                c.source,
-                c.sweep,
-                c.model,
-                cluster,
-                c.layout,
-                c.measured_tokens_per_s_per_gpu,
-            )
-        )
+        moved.append(type(c)(c.run, c.model, cluster, c.layout))
     measured = np.array([c.measured_tokens_per_s_per_gpu for c in cases])
     return float(np.mean(np.abs(predict_cases(moved) / measured - 1)))
 

@@ -64,6 +64,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.001, 1.0),
     "gemm_half_gflop": (0.0, 1_000.0),
     "attention_efficiency": (0.001, 1.0),
+    "fp8_efficiency_ratio": (0.05, 1.0),
     "hbm_efficiency": (0.01, 1.0),
     "layer_overhead_us": (0.0, 1_000_000.0),
     "collective_overhead_us": (0.0, 1_000_000.0),
@@ -170,8 +171,11 @@ def fit(
     comm_points: list[CommPoint],
     step_points: list[StepPoint],
     names: list[str] | None = None,
+    max_nfev: int = 1000,
 ) -> FitResult:
-    """Fit `names` (default: what the data can inform) by bounded least squares on log errors."""
+    """Fit `names` (default: what the data can inform) by bounded least squares on log errors.
+
+    `max_nfev` caps the solver's residual evaluations (validate's cross-validation uses a few)."""
     from scipy.optimize import least_squares
 
     if not comm_points and not step_points:
@@ -235,7 +239,7 @@ def fit(
             bounds=(lo[keep], hi[keep]),
             x_scale="jac",
             diff_step=1e-3,
-            max_nfev=1000,
+            max_nfev=max_nfev,
         )
         fitted = {n: float(v) for n, v in zip(kept, solution.x, strict=True)}
     final = _with(cluster, fitted)

@@ -32,6 +32,7 @@ _VERB_MODULES = (
     "calibrate",
     "sweep",
     "report",
+    "runs",
 )
 
 

@@ -1,4 +1,4 @@
-"""`scalelab validate`: the predictor against measured runs (published_runs.csv schema)."""
+"""`scalelab validate`: the predictor against measured runs, in-sample and leave-one-source-out."""
 
 from __future__ import annotations
 
@@ -9,12 +9,27 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
-from scalelab.validate import run_validation
 
 DataOpt = Annotated[
     Path | None,
     typer.Option(
-        "--data", help="CSV in the schema of published_runs.csv (default: the shipped copy)"
+        "--data",
+        help="typed runs CSV, or a raw CSV in the published_runs.csv layout (read by the importer); "
+        "default: the shipped typed runs",
+    ),
+]
+ReviewOpt = Annotated[
+    Path | None,
+    typer.Option("--review", help="review sheet for a raw --data file (facts and assumptions)"),
+]
+ExplainOpt = Annotated[
+    int | None,
+    typer.Option("--explain", help="print how raw row N (0-based) was read, and its prediction"),
+]
+CrossOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cross-validate", help="also refit without each source group and predict it (held out)"
     ),
 ]
 
@@ -23,38 +38,69 @@ def register(app: typer.Typer) -> None:
     app.command("validate")(validate)
 
 
-def validate(data: DataOpt = None, json_out: JsonOpt = False, rows: bool = False) -> None:
-    """Predict every interpretable measured run and report the error of tokens/s per GPU."""
-    report = run_validation(data)
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f} %"
+
+
+def validate(
+    data: DataOpt = None,
+    review: ReviewOpt = None,
+    json_out: JsonOpt = False,
+    rows: bool = False,
+    explain: ExplainOpt = None,
+    cross_validate: CrossOpt = False,
+) -> None:
+    """Predict every readable measured run and report the error of tokens/s per GPU."""
+    from scalelab.validate import explain as explain_row
+    from scalelab.validate import run_validation
+
+    if explain is not None:
+        for line in explain_row(explain, data, review):
+            print(line)
+        return
+    report = run_validation(data, review, with_cross_validation=cross_validate)
     if json_out:
         print_json(report.to_dict(with_rows=rows))
         return
-    table = Table(title=f"predicted vs measured tokens/s per GPU ({report.rows_used} rows)")
-    for col in ("source", "rows", "MAPE", "median bias"):
+    cv = report.cross_validated
+    table = Table(title=f"predicted vs measured tokens/s per GPU ({report.rows_used} runs)")
+    columns = ["source", "runs", "MAPE in-sample", "median bias"]
+    if cv:
+        columns += ["MAPE held out", "bias held out"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "source" else "right")
     for source, stats in report.by_source.items():
-        table.add_row(
-            source,
-            str(stats["rows"]),
-            f"{stats['mape'] * 100:.1f} %",
-            f"{stats['bias'] * 100:+.1f} %",
-        )
-    table.add_row(
+        cells = [source, str(stats["rows"]), _pct(stats["mape"]), f"{stats['bias'] * 100:+.1f} %"]
+        if cv:
+            held = cv["by_source"][source]
+            cells += [_pct(held["mape"]), f"{held['bias'] * 100:+.1f} %"]
+        table.add_row(*cells)
+    total = [
         "[bold]all[/]",
         str(report.rows_used),
-        f"[bold]{report.mape_tokens_per_gpu * 100:.1f} %[/]",
+        f"[bold]{_pct(report.mape_tokens_per_gpu)}[/]",
         "",
-    )
+    ]
+    if cv:
+        total += [f"[bold]{_pct(cv['mape_tokens_per_gpu'])}[/]", ""]
+    table.add_row(*total)
     console.print(table)
     rho = report.median_spearman
     console.print(
-        f"rows within ±20 %: {report.within_20_pct * 100:.0f} %; median Spearman ρ of layouts within a sweep: "
-        f"{'n/a' if rho is None else f'{rho:+.2f}'}"
+        f"runs within ±20 %: {report.within_20_pct * 100:.0f} %; median Spearman ρ of layouts within "
+        f"{report.sweeps} sweeps: {'n/a' if rho is None else f'{rho:+.2f}'}"
     )
-    console.print(
-        f"memory verdicts: {report.rows_predicted_not_to_fit} of {report.rows_used} runs that really ran "
-        "are predicted not to fit"
+    mem = report.memory
+    line = (
+        f"memory: {mem['predicted_not_to_fit']} of {report.rows_used} runs that really ran are "
+        "predicted not to fit"
     )
+    if mem.get("runs_with_measured_peak"):
+        line += (
+            f"; predicted/measured peak over {mem['runs_with_measured_peak']} runs: median "
+            f"{mem['ratio_median']:.2f} (10-90 %: {mem['ratio_p10']:.2f}-{mem['ratio_p90']:.2f})"
+        )
+    console.print(line)
     if report.skipped_by_reason:
         skipped = ", ".join(f"{reason}: {n}" for reason, n in report.skipped_by_reason.items())
         console.print(f"skipped {report.rows_skipped} rows ({skipped})")
