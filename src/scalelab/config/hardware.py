@@ -22,7 +22,18 @@ class GPUSpec(BaseModel):
     nvls: bool = False
     tdp_w: float = Field(gt=0)
     idle_w: float = Field(ge=0)
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu",
+        description=(
+            "what the harness runs a rank on: a GPU, or one CPU core standing in for one (gloo);"
+            " a SLURM sweep asks for GPUs only for a gpu device"
+        ),
+    )
     source: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device == "gpu"
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a training precision (fp16 rate where bf16/fp8 units are missing)."""

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -53,7 +53,23 @@ class SlurmOptions(BaseModel):
     port: int | None = Field(
         None, gt=0, lt=65536, description="rendezvous port (default: 29500 + job id mod 2000)"
     )
-    python: str | None = Field(None, description="the Python on the nodes (default: this one)")
+    python: str | None = Field(
+        None, description="path of the Python on the nodes (default: this one); quoted in srun"
+    )
+    gpus: Literal["auto", "gpus-per-node", "gres", "none"] = Field(
+        "auto",
+        description=(
+            "how each job asks for GPUs: auto = --gpus-per-node G when the sweep's cluster has GPUs"
+            " and nothing otherwise (a CPU cluster, or no cluster named); gres = --gres=gpu:G"
+            " (or gpu:TYPE:G with gres_type) for clusters that schedule GPUs as gres only"
+        ),
+    )
+    poll_s: float = Field(
+        10.0, gt=0, le=3600, description="seconds between checks of the jobs' states"
+    )
+    gres_type: str | None = Field(
+        None, description="GPU type in --gres=gpu:TYPE:G (the cluster's name for it, e.g. h100)"
+    )
 
 
 class BestLayouts(BaseModel):
@@ -231,6 +247,20 @@ def point_id(description: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+_SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_sweep_name(name: str) -> str:
+    """A sweep name: it names the SLURM job and the output folder, so one plain word."""
+    if not _SWEEP_NAME.fullmatch(name):
+        raise InputError(
+            "name",
+            f"{name!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    return name
+
+
 def check_slurm_value(field: str, value: str) -> str:
     """A value for an `#SBATCH` line: one line, no backslash (sbatch reads `\\` as an escape)."""
     if _SAFE_SLURM.search(value):
@@ -251,6 +281,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
     from scalelab.measure.config import BenchOptions, check_layout, check_model
 
     assert sweep.name is not None
+    check_sweep_name(sweep.name)
     for i, n in enumerate(sweep.nodes):
         if n < 1:
             raise InputError(f"nodes[{i}]", f"must be a positive integer, not {n}")
@@ -270,6 +301,11 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
         if isinstance(value, str):
             check_slurm_value(f"slurm.{key}", value)
     for key, value in sweep.slurm.additional.items():
+        if not _SBATCH_KEY.fullmatch(key):
+            raise InputError(
+                f"slurm.additional.{key}",
+                "an sbatch option name: letters, digits and - or _ (e.g. gres, mail-type)",
+            )
         check_slurm_value(f"slurm.additional.{key}", f"{key}={value}")
 
     cluster_arg = _resolve_path(sweep.cluster, base) if sweep.cluster else None
