@@ -143,3 +143,14 @@ def test_predictor_speaks_the_metric_names() -> None:
     for m in metrics.METRICS:
         assert m.scope in ("job", "per_gpu") and m.unit and m.description
     assert metrics.metric("tokens_per_joule").name == "tokens_per_j"
+
+
+def test_cuda_device_names_map_to_catalog_clusters() -> None:
+    from scalelab.config.catalog import cluster_for_device, gpu_for_device
+
+    assert cluster_for_device("NVIDIA H100 80GB HBM3") == "h100-ib"
+    assert cluster_for_device("nvidia  h200") == "h200-ib"
+    assert cluster_for_device("Tesla V100-SXM2-32GB") == "v100-ib"
+    assert gpu_for_device("NVIDIA A100-SXM4-40GB") == "A100-SXM4-40GB"
+    assert cluster_for_device("NVIDIA A100-SXM4-40GB") is None  # no catalog cluster uses it
+    assert cluster_for_device("NVIDIA GeForce RTX 4090") is None

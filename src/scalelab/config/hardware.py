@@ -15,6 +15,11 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+    cuda_names: tuple[str, ...] = Field(
+        default=(),
+        description="the strings torch.cuda.get_device_name() returns for this GPU (catalog "
+        "gpus.yaml); `catalog.cluster_for_device` maps a device to a cluster with them",
+    )
     peak_tflops: dict[str, float]
     hbm_gib: float = Field(gt=0)
     hbm_gbs: float = Field(gt=0)
