@@ -47,7 +47,7 @@ METRICS: tuple[Metric, ...] = (
         note="GPU board power from NVML energy counters, not the whole node",
     ),
     Metric(
-        "tokens_per_j", "tokens per joule", "tokens/J", predicted="tokens_per_joule",
+        "tokens_per_j", "tokens per joule", "tokens/J", predicted="tokens_per_j",
         note="GPU energy only",
     ),
     Metric("step_time_s", "step time", "s", predicted="step_time_s"),
