@@ -1,7 +1,7 @@
 """Layout: how one training job is parallelised, and the rules a valid layout obeys.
 
 The rules are written once, over numpy arrays of layouts (`LayoutTable`), so that search can count
-invalid layouts by reason without a Python loop; `validate` applies them to a single `Layout` and
+invalid layouts by reason without a Python loop; `rule_violations` applies them to a single `Layout` and
 turns each failing rule into one clear message.
 """
 
@@ -516,7 +516,7 @@ def violation_masks(
     return {rule.reason: np.asarray(rule.bad(table, model, cluster), dtype=bool) for rule in RULES}
 
 
-def validate(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[InputError]:
+def rule_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[InputError]:
     """All violations of one layout, each as an `InputError` naming its field."""
     table = LayoutTable.from_layouts([layout])
     errors = []
@@ -528,6 +528,6 @@ def validate(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[Inp
 
 def check(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Raise the first violation of `layout`, if any."""
-    errors = validate(layout, model, cluster)
+    errors = rule_violations(layout, model, cluster)
     if errors:
         raise errors[0]
