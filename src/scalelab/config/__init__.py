@@ -12,9 +12,9 @@ __all__ = [
     "Layout",
     "LayoutTable",
     "ModelSpec",
+    "check",
     "load_cluster",
     "load_gpu",
     "load_model",
-    "check",
     "rule_violations",
 ]
