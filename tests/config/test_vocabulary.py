@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from scalelab import metrics
-from scalelab.config import ClusterParams, Layout, LayoutTable, load_cluster, load_model
+from scalelab.config import (
+    ClusterParams,
+    ClusterSpec,
+    GPUSpec,
+    Layout,
+    LayoutTable,
+    load_cluster,
+    load_model,
+)
 from scalelab.config.layout import violation_masks
 from scalelab.config.model import flops_utilisation
 from scalelab.config.options import OPTIONS, PipelineSchedule, Recompute, Sharding
@@ -96,7 +104,7 @@ def test_default_global_batch() -> None:
 
 
 def test_every_layout_and_cluster_field_is_documented() -> None:
-    for cls in (Layout, ClusterParams):
+    for cls in (Layout, ClusterParams, ClusterSpec, GPUSpec):
         for name, info in cls.model_fields.items():
             assert info.description and len(info.description) > 20, f"{cls.__name__}.{name}"
     assert set(OPTIONS) <= set(Layout.model_fields)
