@@ -162,3 +162,11 @@ def test_cuda_device_names_map_to_catalog_clusters() -> None:
     assert gpu_for_device("NVIDIA A100-SXM4-40GB") == "A100-SXM4-40GB"
     assert cluster_for_device("NVIDIA A100-SXM4-40GB") is None  # no catalog cluster uses it
     assert cluster_for_device("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_array_form_has_every_layout_field() -> None:
+    # A new Layout field needs its LayoutTable column (from_layouts / layout() / search fill the
+    # rest generically); this keeps the two in step.
+    assert LayoutTable.column_names() == list(Layout.model_fields)
+    assert LayoutTable.default_code("sharding") == Sharding.FSDP.code
+    assert LayoutTable.default_code("hsdp_shard_size") == 0

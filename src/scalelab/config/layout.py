@@ -280,6 +280,20 @@ class LayoutTable:
                 columns[f.name] = np.array(values, dtype=np.int64)
         return cls(**columns)
 
+    @classmethod
+    def column_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @staticmethod
+    def default_code(name: str) -> int | bool:
+        """The array form of a `Layout` field's default (an option's code, 0 for None)."""
+        default = Layout.model_fields[name].default
+        if name in OPTIONS:
+            return OPTIONS[name](default).code
+        if default is None:
+            return 0
+        return bool(default) if isinstance(default, bool) else int(default)
+
     def take(self, mask_or_index: np.ndarray) -> LayoutTable:
         return LayoutTable(**{f.name: getattr(self, f.name)[mask_or_index] for f in fields(self)})
 
