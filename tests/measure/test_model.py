@@ -63,9 +63,14 @@ def test_flops_conventions() -> None:
     spec = load_model("llama2-7b")
     mfu_flops = spec.model_flops_per_token(4096)
     assert hardware_flops_per_token(spec, 4096, "none") == mfu_flops
-    assert hardware_flops_per_token(spec, 4096, "selective") == mfu_flops
-    extra = spec.n_layers * (2 * spec.layer_params + 4 * spec.d_model * 4096)
-    assert hardware_flops_per_token(spec, 4096, "full") == mfu_flops + extra
+    # selective recomputes the attention core (SDPA): its forward, 4·L·d·s per token.
+    attention = 4 * spec.n_layers * spec.d_model * 4096
+    assert hardware_flops_per_token(spec, 4096, "selective") == mfu_flops + attention
+    # full recomputes every forward: 2 FLOPs per dense weight plus the attention core.
+    dense = spec.n_params - spec.input_embedding_params
+    assert hardware_flops_per_token(spec, 4096, "full") == pytest.approx(
+        mfu_flops + 2 * dense + attention, rel=1e-12
+    )
     assert default_cluster_for_gpu("NVIDIA H200") == "h200-ib"
     assert default_cluster_for_gpu("NVIDIA H100 80GB HBM3") == "h100-ib"
     assert default_cluster_for_gpu("Tesla T4") is None
@@ -76,7 +81,8 @@ def test_scalelab_imports_without_torch() -> None:
     src = Path(__file__).resolve().parents[2] / "src"
     code = (
         "import sys; import scalelab, scalelab.cli, scalelab.results, scalelab.measure, "
-        "scalelab.measure.config, scalelab.measure.launch, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
+        "scalelab.measure.config, scalelab.measure.launch, scalelab.measure.job, "
+        "scalelab.measure.record, scalelab.measure.worker, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True

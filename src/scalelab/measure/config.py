@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
@@ -128,15 +129,36 @@ def check_tokens(path: str, vocab_size: int, seq_len: int) -> None:
 def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
     """Model FLOPs per token plus the recomputed ones (the numerator of HFU).
 
-    `full` recomputes every block's forward: 2 FLOPs per block weight plus the forward third of
-    the attention term (4·d_model·seq_len per layer). `selective` saves the outputs of matmuls
-    and attention (see measure/parallel.py) and recomputes only elementwise work, which adds no
-    matmul FLOPs, so its HFU equals its MFU.
+    The predictor counts the same FLOPs (perf/predict.py). `selective` recomputes the attention
+    core only (scaled_dot_product_attention: the score and attention-value matmuls, Korthikanti
+    et al. 2022; see measure/parallel.py), whose forward is 4·d_model·seq_len FLOPs per token per
+    layer. `full` recomputes every forward: 2 FLOPs per dense weight plus that attention term.
     """
+    # TODO(issue 10): use the hardware-FLOP function of config/model.py once it exists.
     flops = model.model_flops_per_token(seq_len)
-    if recompute == "full":
-        flops += model.n_layers * (2.0 * model.layer_params + 4.0 * model.d_model * seq_len)
+    attention = 4.0 * model.n_layers * model.d_model * seq_len
+    if recompute == "selective":
+        flops += attention
+    elif recompute == "full":
+        dense = (flops - 12.0 * model.n_layers * model.d_model * seq_len) / 6.0
+        flops += 2.0 * dense + attention
     return flops
+
+
+def resolve_cluster(
+    name: str | None, gpu_name: str | None
+) -> tuple[ClusterSpec | None, str | None]:
+    """The cluster a run is measured against: `name` (catalog or YAML), else the catalog cluster
+    whose GPU matches the CUDA device's name; (None, None) when neither applies."""
+    from scalelab.config.catalog import load_cluster
+
+    if name is not None:
+        return load_cluster(name), name
+    if gpu_name is not None:
+        detected = default_cluster_for_gpu(gpu_name)
+        if detected is not None:
+            return load_cluster(detected), detected
+    return None, None
 
 
 def default_cluster_for_gpu(gpu_name: str) -> str | None:

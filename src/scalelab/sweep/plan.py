@@ -1,143 +1,74 @@
-"""The sweep file (YAML) and its expansion into points, each with a stable id.
+"""A sweep expanded into its points: one `BenchJob` each, with a stable id.
 
-A sweep is models × node counts × layouts × runs, plus the options every `scalelab bench` of it
-gets. A layout is either written out (any `Layout` field but `gpus`, which the node count sets),
-or `best: K`: the K best layouts that `scalelab search` finds at each scale (and that the harness
-can run). A point is one `scalelab bench` job; its id is a hash of what determines the
-measurement (the model's architecture, nodes, GPUs per node, layout, bench options, environment,
-run index), so the same point always gets the same id and record name, and a sweep that is run
-again finds what it already measured.
+A point's id is a hash of what determines the measurement (the model's architecture, nodes, GPUs
+per node, layout, bench options, environment, run index), so the same point always gets the same
+id and record name, and a sweep that is run again finds what it already measured. Every layout is
+checked against its model and the cluster (and against what the harness runs) before anything
+runs. An executor runs `point.job_for(out, created_utc)`, the point's job with its identity and
+output folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
+from scalelab.measure.config import BenchOptions
+from scalelab.measure.job import BenchJob, RunIdentity
+from scalelab.sweep.schema import (
+    BestLayouts,
+    LayoutTemplate,
+    SweepFile,
+    check_slurm_value,
+    first_error,
+    layout_from_template,
+    resolve_path,
+)
 
 # Bench options that do not change what is measured stay out of a point's id.
 _NOT_IN_ID = ("out_dir", "cluster", "predict", "timeout_s")
-_SAFE_SLURM = re.compile(r"[\x00\n\r\\]")
-
-
-class SlurmOptions(BaseModel):
-    """How each point is submitted to SLURM (one job per point, one task per node)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    time_min: int = Field(60, gt=0, description="time limit of each job, minutes")
-    cpus_per_task: int | None = Field(None, gt=0, description="CPUs per node (one task per node)")
-    mem_gb: float | None = Field(None, gt=0, description="memory per node, GB")
-    exclusive: bool = True
-    setup: list[str] = Field(
-        default_factory=list,
-        description="shell lines run in the job script before srun (module load, source a venv)",
-    )
-    additional: dict[str, str | int | bool] = Field(
-        default_factory=dict, description="further #SBATCH flags, e.g. {gres: 'gpu:8'}"
-    )
-    port: int | None = Field(
-        None, gt=0, lt=65536, description="rendezvous port (default: 29500 + job id mod 2000)"
-    )
-    python: str | None = Field(None, description="the Python on the nodes (default: this one)")
-
-
-class BestLayouts(BaseModel):
-    """`best: K`: the K best layouts from `search` at each scale."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    best: int = Field(gt=0)
-    objective: str = "throughput"
-    constraints: dict[str, Any] = Field(default_factory=dict)
-    name: str | None = None
-
-
-class ExplicitLayout(BaseModel):
-    """A layout written out: every `Layout` field but `gpus` (global_batch optional)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = None
-    global_batch: int | None = Field(None, gt=0)
-    sharding: str = "fsdp"
-    hsdp_shard_size: int | None = Field(None, gt=0)
-    reshard_after_forward: bool = True
-    tp: int = Field(1, gt=0)
-    sequence_parallel: bool = True
-    pp: int = Field(1, gt=0)
-    pp_schedule: str = "1f1b"
-    virtual_stages: int = Field(1, gt=0)
-    cp: int = Field(1, gt=0)
-    micro_batch: int = Field(1, gt=0)
-    recompute: str = "none"
-    precision: str = "bf16"
-    attention: str = "flash"
-
-
-class SweepFile(BaseModel):
-    """The YAML file `scalelab sweep` reads."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = None
-    models: list[str] = Field(min_length=1)
-    cluster: str | None = Field(
-        None, description="catalog cluster or YAML: search, validation, MFU peak, prediction"
-    )
-    nodes: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    gpus_per_node: int | list[int] | None = Field(
-        None,
-        description="one value or a list (single-node scaling); default: the cluster's, else 1",
-    )
-    seq_len: int | None = Field(None, gt=0, description="default: the model's")
-    global_batch_per_gpu: int | None = Field(
-        None, gt=0, description="weak scaling: global batch = GPUs × this (default 1)"
-    )
-    global_batch: int | None = Field(None, gt=0, description="strong scaling: a fixed batch")
-    layouts: list[dict[str, Any]] = Field(default_factory=lambda: [{"sharding": "fsdp"}])
-    runs: int = Field(1, gt=0, description="independent jobs of each point")
-    bench: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    slurm: SlurmOptions = Field(default_factory=SlurmOptions)
 
 
 class Point(BaseModel):
-    """One `scalelab bench` job of a sweep."""
+    """One job of a sweep: its `BenchJob` and where it sits in the sweep."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
     name: str = Field(description="the record's file stem")
     sweep: str
-    model: str = Field(description="what bench is given: a catalog name or a YAML path")
+    model: str = Field(description="the model as the sweep names it: a catalog name or a YAML path")
     model_name: str
     nodes: int
     gpus_per_node: int
-    layout: dict[str, Any]
     run: int
     series: tuple[str, ...]
-    bench: dict[str, Any]
-    cluster: str | None
     env: dict[str, str]
+    job: BenchJob = Field(description="the measurement (identity and output folder set per run)")
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def layout(self) -> Layout:
+        return self.job.layout
+
+    @property
+    def bench(self) -> BenchOptions:
+        return self.job.options
+
+    @property
+    def cluster(self) -> str | None:
+        return self.job.cluster
 
     def tags(self) -> dict[str, Any]:
         """What the record carries about the sweep (`workload["tags"]`)."""
@@ -150,12 +81,27 @@ class Point(BaseModel):
             "run": self.run,
         }
 
+    def identity(self, created_utc: str) -> RunIdentity:
+        return RunIdentity(
+            run_id=self.id, created_utc=created_utc, name=self.name, tags=self.tags()
+        )
+
+    def job_for(self, out: str | Path, created_utc: str) -> BenchJob:
+        """The job to run: the record `<out>/<name>.json` with the point's id and tags."""
+        options = self.job.options.model_copy(update={"out_dir": str(out)})
+        return self.job.model_copy(
+            update={"options": options, "identity": self.identity(created_utc)}
+        )
+
     def describe(self) -> str:
         return f"{self.model_name} {layout_label(self.layout)} on {self.nodes}x{self.gpus_per_node} run {self.run}"
 
 
-def layout_label(layout: dict[str, Any]) -> str:
+def layout_label(layout: Layout | dict[str, Any]) -> str:
     """A short layout name without the GPU count: `fsdp`, `hsdp4-tp2`, `fsdp-pp2-1f1b-ac-full`."""
+    # TODO(issue 10): Layout.label once config/ has it.
+    if isinstance(layout, Layout):
+        layout = layout.model_dump()
     sharding = layout.get("sharding", "fsdp")
     if sharding == "hsdp" and layout.get("hsdp_shard_size"):
         sharding = f"hsdp{layout['hsdp_shard_size']}"
@@ -181,41 +127,6 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def _first_error(exc: ValidationError, prefix: str) -> InputError:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    field = f"{prefix}.{where}" if prefix and where else (prefix or where or "sweep")
-    return InputError(field, str(err["msg"]))
-
-
-def _resolve_path(text: str, base: Path) -> str:
-    """A path relative to the sweep file, made absolute; catalog names are left alone."""
-    candidate = base / text
-    if not Path(text).is_absolute() and candidate.exists():
-        return str(candidate.resolve())
-    return text
-
-
-def load_sweep(path: str | Path) -> tuple[SweepFile, Path]:
-    """Read and check a sweep file; returns it and the folder relative paths start from."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("sweep", f"no such file: {p}")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise InputError("sweep", f"{p} is not valid YAML ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise InputError("sweep", f"{p} must hold a YAML mapping (models, nodes, layouts, ...)")
-    try:
-        sweep = SweepFile(**data)
-    except ValidationError as exc:
-        raise _first_error(exc, "") from None
-    if sweep.name is None:
-        sweep = sweep.model_copy(update={"name": p.stem})
-    return sweep, p.resolve().parent
-
-
 def _local_cluster(cluster: ClusterSpec, gpus_per_node: int) -> ClusterSpec:
     if cluster.gpus_per_node == gpus_per_node:
         return cluster
@@ -229,15 +140,6 @@ def point_id(description: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a point's description, 16 hex digits."""
     text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def check_slurm_value(field: str, value: str) -> str:
-    """A value for an `#SBATCH` line: one line, no backslash (sbatch reads `\\` as an escape)."""
-    if _SAFE_SLURM.search(value):
-        raise InputError(
-            field, f"{value!r} may not contain a newline, a backslash or a NUL character"
-        )
-    return value
 
 
 def expand(sweep: SweepFile, base: Path) -> list[Point]:
@@ -261,18 +163,18 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
             raise InputError(f"bench.{key}", "set by the sweep (--out, cluster), not under bench")
     bench = dict(sweep.bench)
     if bench.get("data"):
-        bench["data"] = _resolve_path(str(bench["data"]), base)
+        bench["data"] = resolve_path(str(bench["data"]), base)
     try:
         options = BenchOptions(**bench)
     except ValidationError as exc:
-        raise _first_error(exc, "bench") from None
+        raise first_error(exc, "bench") from None
     for key, value in sweep.slurm.model_dump().items():
         if isinstance(value, str):
             check_slurm_value(f"slurm.{key}", value)
     for key, value in sweep.slurm.additional.items():
         check_slurm_value(f"slurm.additional.{key}", f"{key}={value}")
 
-    cluster_arg = _resolve_path(sweep.cluster, base) if sweep.cluster else None
+    cluster_arg = resolve_path(sweep.cluster, base) if sweep.cluster else None
     try:
         reference = load_cluster(cluster_arg or "h100-ib")
     except InputError as exc:
@@ -292,7 +194,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
 
     points: dict[str, Point] = {}
     for mi, model_text in enumerate(sweep.models):
-        model_arg = _resolve_path(model_text, base)
+        model_arg = resolve_path(model_text, base)
         try:
             spec = load_model(model_arg)
             check_model(spec)
@@ -334,7 +236,14 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                                     update={"series": (*old.series, series)}
                                 )
                             continue
-                        label = layout_label(layout.model_dump())
+                        label = layout_label(layout)
+                        job = BenchJob(
+                            model=spec,
+                            layout=layout,
+                            options=options,
+                            cluster=cluster_arg,
+                            nproc_per_node=gpn,
+                        )
                         points[pid] = Point(
                             id=pid,
                             name=_safe(f"{spec.name}-{label}-n{n}x{gpn}-run{run}-{pid[:10]}"),
@@ -343,12 +252,10 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                             model_name=spec.name,
                             nodes=n,
                             gpus_per_node=gpn,
-                            layout=layout.model_dump(),
                             run=run,
                             series=(series,),
-                            bench=options.model_dump(exclude={"out_dir", "cluster"}),
-                            cluster=cluster_arg,
                             env=dict(sweep.env),
+                            job=job,
                         )
     return list(points.values())
 
@@ -369,20 +276,14 @@ def _layouts(
         try:
             best = BestLayouts(**entry)
         except ValidationError as exc:
-            raise _first_error(exc, where) from None
+            raise first_error(exc, where) from None
         return _best(best, where, spec, cluster, gpus, batch, seq_len)
     try:
-        explicit = ExplicitLayout(**entry)
+        template = LayoutTemplate(**entry)
+        layout = layout_from_template(template, gpus, batch, seq_len)
     except ValidationError as exc:
-        raise _first_error(exc, where) from None
-    fields = explicit.model_dump(exclude={"name", "global_batch"})
-    try:
-        layout = Layout(
-            gpus=gpus, global_batch=explicit.global_batch or batch, seq_len=seq_len, **fields
-        )
-    except ValidationError as exc:
-        raise _first_error(exc, where) from None
-    return [(explicit.name or layout_label(layout.model_dump()), layout)]
+        raise first_error(exc, where) from None
+    return [(getattr(template, "name", None) or layout_label(layout), layout)]
 
 
 def _best(
@@ -437,38 +338,3 @@ def _best(
         )
     prefix = best.name or "best"
     return [(f"{prefix}-{i + 1}", layout) for i, layout in enumerate(chosen)]
-
-
-def bench_args(point: Point, out: Path | str) -> list[str]:
-    """`scalelab bench` arguments for a point (after `python -m scalelab`)."""
-    lay = point.layout
-    opts = point.bench
-    args = [
-        "bench", point.model,
-        "--seq-len", str(lay["seq_len"]), "--global-batch", str(lay["global_batch"]),
-        "--sharding", lay["sharding"],
-        "--reshard-after-forward" if lay["reshard_after_forward"] else "--no-reshard-after-forward",
-        "--tp", str(lay["tp"]), "--sp" if lay["sequence_parallel"] else "--no-sp",
-        "--pp", str(lay["pp"]), "--pp-schedule", lay["pp_schedule"],
-        "--virtual-stages", str(lay["virtual_stages"]), "--cp", str(lay["cp"]),
-        "--micro-batch", str(lay["micro_batch"]), "--recompute", lay["recompute"],
-        "--precision", lay["precision"], "--attention", lay["attention"],
-        "--steps", str(opts["steps"]), "--warmup", str(opts["warmup"]),
-        "--repeats", str(opts["repeats"]), "--seed", str(opts["seed"]),
-        "--lr", repr(float(opts["lr"])), "--grad-clip", repr(float(opts["grad_clip"])),
-        "--compile" if opts["compile"] else "--no-compile",
-        "--compute-dtype", opts["compute_dtype"], "--profile-steps", str(opts["profile_steps"]),
-        "--timeout-s", repr(float(opts["timeout_s"])), "--out", str(out),
-        "--nproc-per-node", str(point.gpus_per_node),
-    ]  # fmt: skip
-    if lay.get("hsdp_shard_size") is not None:
-        args += ["--hsdp-shard-size", str(lay["hsdp_shard_size"])]
-    if opts.get("data"):
-        args += ["--data", str(opts["data"])]
-    if opts.get("profile"):
-        args.append("--profile")
-    if point.cluster is not None:
-        args += ["--cluster", point.cluster]
-    if opts.get("predict"):
-        args.append("--predict")
-    return args
