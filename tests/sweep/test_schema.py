@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scalelab.sweep.plan import expand
-from scalelab.sweep.schema import load_sweep
 
 from scalelab.cli import main
+from scalelab.sweep.plan import expand
+from scalelab.sweep.schema import load_sweep
 from tests.sweep.conftest import EXAMPLES, TINY_SWEEP, write_sweep
 
 

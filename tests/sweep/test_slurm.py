@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from scalelab.sweep.plan import expand
-from scalelab.sweep.schema import SlurmOptions, load_sweep
 
 from scalelab.errors import InputError
 from scalelab.results import load_record, record_paths
 from scalelab.sweep.executors import SlurmExecutor, rendezvous
+from scalelab.sweep.plan import expand
 from scalelab.sweep.run import run_sweep
+from scalelab.sweep.schema import SlurmOptions, load_sweep
 from tests.sweep.conftest import child_env, write_sweep
 
 pytest.importorskip("submitit")
