@@ -66,3 +66,20 @@ def test_layout_template_is_made_from_layout() -> None:
         assert typing.get_origin(fields[name].annotation) is typing.Literal
     with pytest.raises(ValueError, match="recompute"):
         LayoutTemplate(recompute="sometimes")
+
+
+def test_predict_true_puts_the_prediction_beside_an_ok_record(tmp_path: Path) -> None:
+    from scalelab.measure.record import base_record
+    from scalelab.results import load_record, write_record
+    from scalelab.sweep.run import add_prediction
+
+    text = TINY_SWEEP.replace("repeats: 2}", "repeats: 2, predict: true}")
+    point = _points(tmp_path, text)[1]
+    assert point.bench.predict
+    job = point.job_for(tmp_path / "out", "2026-12-03T10:00:00Z")
+    assert job.identity is not None
+    path = write_record(base_record(job, job.identity, "ok"), tmp_path / "out")
+    assert add_prediction(path, point) is None
+    prediction = load_record(path).prediction
+    assert prediction is not None and prediction["cluster"] == "h100-ib"
+    assert prediction["tokens_per_s"] > 0 and "power_w_per_gpu" in prediction
