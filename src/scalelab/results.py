@@ -12,12 +12,13 @@ Metric names are the shared output vocabulary (`step_time_s`, `tokens_per_s`,
 whole job) are in the name, and a prediction uses the same names.
 
 Schema versions. Version 2 (this one) stores `power_w_per_gpu`, one GPU's average power over the
-measured window (the job's GPU energy / window / GPUs), beside `energy_j` (the whole job's), and
-names peak memory `memory_peak_allocated_bytes`, `memory_peak_reserved_bytes` and
+measured window (the job's GPU energy / window / GPUs), and `energy_j`, the GPU energy of one
+optimizer step, all GPUs (the window's / measured steps), and names peak memory `memory_peak_allocated_bytes`, `memory_peak_reserved_bytes` and
 `memory_peak_rss_bytes`. Version 1 stored `avg_power_w`, the whole job's power (energy summed over
-ranks / window) under a name that read as one GPU's, and `peak_*_bytes`. Reading a version-1
-record upgrades it (`upgrade_v1`): `avg_power_w` becomes `power_w_per_gpu` divided by the job's
-GPUs (statistics over repeats scale the same way), the memory figures are renamed, and
+ranks / window) under a name that read as one GPU's, `energy_j` over the whole window, and
+`peak_*_bytes`. Reading a version-1 record upgrades it (`upgrade_v1`): `avg_power_w` becomes
+`power_w_per_gpu` divided by the job's GPUs, `energy_j` is divided by the measured steps
+(statistics over repeats scale the same way), the memory figures are renamed, and
 `exposed_comm_s` is added from the stored trace report. Files are never rewritten in place.
 
 Files are written to a hidden temporary name in the target folder, flushed to disk and renamed
@@ -220,8 +221,11 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     for old, new in _V1_RENAMES.items():
         if old in summary:
             summary[new] = summary.pop(old)
+    steps = float((out.get("workload") or {}).get("steps") or 1)
     if "avg_power_w" in summary:
         summary["power_w_per_gpu"] = _scaled_stats(summary.pop("avg_power_w"), float(gpus))
+    if "energy_j" in summary:
+        summary["energy_j"] = _scaled_stats(summary["energy_j"], steps)
     measurements = dict(out.get("measurements") or {})
     repeats = measurements.get("repeats")
     if isinstance(repeats, list):
@@ -235,6 +239,8 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
                 if "avg_power_w" in rep:
                     power = rep.pop("avg_power_w")
                     rep["power_w_per_gpu"] = power / gpus if power is not None else None
+                if isinstance(rep.get("energy_j"), (int, float)):
+                    rep["energy_j"] = rep["energy_j"] / steps
             upgraded.append(rep)
         measurements["repeats"] = upgraded
     report = measurements.get("exposed_comm")

@@ -52,7 +52,7 @@ def _record(job: BenchJob, power_per_gpu: float, step_s: float) -> Record:
             peak_memory_allocated_bytes=1,
             peak_memory_reserved_bytes=1,
             peak_rss_bytes=1,
-            energy_j_per_rank=[power_per_gpu * window * f for f in SHARE],
+            window_energy_j_per_rank=[power_per_gpu * window * f for f in SHARE],
         )
         for _ in range(2)
     ]
@@ -67,10 +67,10 @@ def test_per_rank_energy_gives_per_gpu_power_that_calibrate_fits(tmp_path: Path)
     power, step = float(predicted["power_w_per_gpu"]), float(predicted["step_time_s"])
     record = _record(job, power, step)
 
-    # The record: one GPU's average power, the whole job's energy, and each rank's own figures.
+    # The record: one GPU's average power, the whole job's energy per step, each rank's figures.
     window = step * STEPS
     assert record.summary["power_w_per_gpu"]["mean"] == pytest.approx(power, rel=1e-12)
-    assert record.summary["energy_j"]["mean"] == pytest.approx(power * window * GPUS, rel=1e-12)
+    assert record.summary["energy_j"]["mean"] == pytest.approx(power * step * GPUS, rel=1e-12)
     per_rank = record.measurements["repeats"][0]["power_w_per_rank"]
     assert per_rank == pytest.approx([power * f for f in SHARE], rel=1e-12)
     tokens = GPUS * 4096 * STEPS
@@ -91,7 +91,8 @@ def test_per_rank_energy_gives_per_gpu_power_that_calibrate_fits(tmp_path: Path)
 
 
 def test_schema_1_records_are_read_as_power_per_gpu(tmp_path: Path) -> None:
-    """A schema-1 record's `avg_power_w` was the whole job's: reading it divides by the GPUs."""
+    """A schema-1 record's `avg_power_w` was the whole job's: reading it divides by the GPUs;
+    its `energy_j` was the whole window's: reading it divides by the measured steps."""
     job = _job()
     record = _record(job, 500.0, 0.5)
     data = record.model_dump()
@@ -99,14 +100,19 @@ def test_schema_1_records_are_read_as_power_per_gpu(tmp_path: Path) -> None:
     summary = data["summary"]
     summary["avg_power_w"] = {k: (v * GPUS if k != "n" and v is not None else v)
                               for k, v in summary.pop("power_w_per_gpu").items()}  # fmt: skip
+    summary["energy_j"] = {k: (v * STEPS if k != "n" and v is not None else v)
+                           for k, v in summary["energy_j"].items()}  # fmt: skip
     summary["peak_rss_bytes"] = summary.pop("memory_peak_rss_bytes")
     for rep in data["measurements"]["repeats"]:
         rep["avg_power_w"] = rep.pop("power_w_per_gpu") * GPUS
+        rep["energy_j"] *= STEPS
     path = write_record(Record(**data), tmp_path)
     loaded = load_record(path)
     assert loaded.schema_version == 2
     assert loaded.summary["power_w_per_gpu"]["mean"] == pytest.approx(500.0)
     assert loaded.measurements["repeats"][1]["power_w_per_gpu"] == pytest.approx(500.0)
+    assert loaded.summary["energy_j"]["mean"] == pytest.approx(500.0 * 0.5 * GPUS)
+    assert loaded.measurements["repeats"][0]["energy_j"] == pytest.approx(500.0 * 0.5 * GPUS)
     assert "memory_peak_rss_bytes" in loaded.summary and "avg_power_w" not in loaded.summary
     _, steps, _ = points_from_records([loaded])
     assert steps[0].power_w_per_gpu == pytest.approx(500.0)

@@ -5,10 +5,11 @@ mfu, hfu, exposed_comm_s, power_w_per_gpu, energy_j, energy_per_token_j, tokens_
 memory_*_bytes), so a measured record and a prediction compare field by field.
 
 Energy and power: each rank reads its own GPU's NVML energy counter around the measured window.
-`energy_j` is the whole job's GPU energy (the sum over ranks); `power_w_per_gpu` is the average
-power of one GPU, energy_j / window / GPUs (the predictor's `power_w_per_gpu` is the same
-quantity); each rank's own figures are in the raw repeats (`energy_j_per_rank`,
-`power_w_per_rank`). GPU power only, not the node's.
+The window's GPU energy of the whole job is the sum over ranks. `energy_j` is that per optimizer
+step (window energy / measured steps: GPU energy of one step, all GPUs); `power_w_per_gpu` is the
+average power of one GPU (window energy / window / GPUs); the predictor's `energy_j` and
+`power_w_per_gpu` are the same quantities. Each rank's own figures are in the raw repeats
+(`window_energy_j_per_rank`, `power_w_per_rank`). GPU power only, not the node's.
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ class RepeatResult:
     peak_memory_allocated_bytes: int | None
     peak_memory_reserved_bytes: int | None
     peak_rss_bytes: int
-    energy_j_per_rank: list[float] | None = None  # None unless every rank read its counter
+    # Each rank's GPU energy over the window; None unless every rank read its counter.
+    window_energy_j_per_rank: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def energy_j(self) -> float | None:
+    def window_energy_j(self) -> float | None:
         """The whole job's GPU energy over the window (sum over ranks)."""
-        return None if self.energy_j_per_rank is None else float(sum(self.energy_j_per_rank))
+        per_rank = self.window_energy_j_per_rank
+        return None if per_rank is None else float(sum(per_rank))
 
 
 def workload(job: BenchJob) -> dict[str, Any]:
@@ -146,7 +149,7 @@ def repeat_figures(
     """One repeat's value of every summary metric."""
     tokens = tokens_per_step * steps
     tps = tokens / res.window_s
-    energy = res.energy_j
+    energy = res.window_energy_j
     model_flops = spec.model_flops_per_token(seq_len)
     hw_flops = hardware_flops_per_token(spec, seq_len, recompute)
     return {
@@ -158,7 +161,7 @@ def repeat_figures(
         "memory_peak_allocated_bytes": res.peak_memory_allocated_bytes,
         "memory_peak_reserved_bytes": res.peak_memory_reserved_bytes,
         "memory_peak_rss_bytes": res.peak_rss_bytes,
-        "energy_j": energy,
+        "energy_j": energy / steps if energy is not None else None,
         "power_w_per_gpu": energy / res.window_s / world_size if energy is not None else None,
         "tokens_per_j": tokens / energy if energy else None,
         "energy_per_token_j": energy / tokens if energy is not None else None,
@@ -192,7 +195,7 @@ def bench_record(
             res,
         )
         per_repeat.append(figures)
-        per_rank = res.energy_j_per_rank
+        per_rank = res.window_energy_j_per_rank
         raw.append(
             {
                 "repeat": i,
@@ -203,7 +206,7 @@ def bench_record(
                 "grad_norm": res.grad_norm,
                 "warmup_step_time_s": res.warmup_step_time_s,
                 "warmup_loss": res.warmup_loss,
-                "energy_j_per_rank": per_rank,
+                "window_energy_j_per_rank": per_rank,
                 "power_w_per_rank": (
                     [e / res.window_s for e in per_rank] if per_rank is not None else None
                 ),

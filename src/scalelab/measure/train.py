@@ -404,7 +404,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         peak_memory_allocated_bytes=int(alloc_r) if cuda else None,
         peak_memory_reserved_bytes=int(reserved_r) if cuda else None,
         peak_rss_bytes=int(rss_r),
-        energy_j_per_rank=per_rank if has_energy else None,
+        window_energy_j_per_rank=per_rank if has_energy else None,
     )
 
 
