@@ -17,23 +17,22 @@ from typing import Any
 import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
-from scalelab.config.layout import (
-    PRECISIONS,
-    RECOMPUTES,
-    SCHEDULES,
-    SHARDINGS,
-    Layout,
-    LayoutTable,
-    violation_masks,
-)
+from scalelab.config.layout import Layout, LayoutTable, violation_masks
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import (
+    AttentionKernel,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    Sharding,
+)
 from scalelab.errors import InputError
 from scalelab.perf.predict import Prediction, predict
 
 OBJECTIVES = ("throughput", "tokens-per-joule", "mfu")
 _OBJECTIVE_FIELD = {
     "throughput": "tokens_per_s",
-    "tokens-per-joule": "tokens_per_joule",
+    "tokens-per-joule": "tokens_per_j",
     "mfu": "mfu",
 }
 _SCHEDULE_OPTIONS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zbv", 2))
@@ -99,14 +98,14 @@ def enumerate_space(
 ) -> LayoutTable:
     """Every candidate layout (valid or not) as one table."""
     c = constraints or Constraints()
-    if c.precision not in PRECISIONS:
-        raise InputError("precision", f"'{c.precision}' is not one of {', '.join(PRECISIONS)}")
+    precision = Precision.parse("precision", c.precision)
+    attention = AttentionKernel.parse("attention", c.attention)
     degrees = [d for d in _divisors(gpus) if d <= 256]
     tps = _allowed([d for d in degrees if d <= max(model.n_heads, 1)], c.tp)
     pps = _allowed([d for d in degrees if d <= model.n_layers], c.pp)
     cps = _allowed([d for d in degrees if d <= 64], c.cp)
-    shardings = _allowed(list(SHARDINGS), c.sharding)
-    recomputes = _allowed(list(RECOMPUTES), c.recompute)
+    shardings = _allowed(list(Sharding.names()), c.sharding)
+    recomputes = _allowed(list(Recompute.names()), c.recompute)
     schedules = [s for s in _SCHEDULE_OPTIONS if c.pp_schedule is None or s[0] in c.pp_schedule]
     sps = c.sequence_parallel if c.sequence_parallel is not None else [True, False]
     reshards = c.reshard_after_forward if c.reshard_after_forward is not None else [True, False]
@@ -142,8 +141,8 @@ def enumerate_space(
         dp = max(1, gpus // mp)
         options: list[tuple[int, int]] = []
         for s in shardings:
-            code = SHARDINGS.index(s)
-            if s == "hsdp":
+            code = Sharding(s).code
+            if s == Sharding.HSDP:
                 groups = [g for g in _divisors(dp) if 1 < g < dp]
                 if c.hsdp_shard_size is not None:
                     groups = [g for g in groups if g in c.hsdp_shard_size]
@@ -153,9 +152,9 @@ def enumerate_space(
         if not options:
             continue
         sched = (
-            [(SCHEDULES.index("1f1b"), 1)]
+            [(PipelineSchedule.ONE_F_ONE_B.code, 1)]
             if pp == 1
-            else [(SCHEDULES.index(s), v) for s, v in schedules]
+            else [(PipelineSchedule(s).code, v) for s, v in schedules]
         )
         if not sched:
             continue
@@ -170,7 +169,7 @@ def enumerate_space(
                     range(len(options)),
                     range(len(sched)),
                     micro,
-                    [RECOMPUTES.index(r) for r in recomputes],
+                    [Recompute(r).code for r in recomputes],
                     reshards,
                     sp_vals,
                 )
@@ -180,7 +179,8 @@ def enumerate_space(
         opt = np.array(options, dtype=np.int64)[grid[:, 0]]
         sch = np.array(sched, dtype=np.int64)[grid[:, 1]]
         reshard = grid[:, 4].astype(bool)
-        keep = (opt[:, 0] >= 3) | reshard  # reshard only means something for FSDP/HSDP
+        shards_params = np.isin(opt[:, 0], (Sharding.FSDP.code, Sharding.HSDP.code))
+        keep = shards_params | reshard  # reshard only means something for FSDP/HSDP
         n = int(keep.sum())
         columns["tp"].append(np.full(n, tp))
         columns["pp"].append(np.full(n, pp))
@@ -201,14 +201,8 @@ def enumerate_space(
         gpus=np.full(n, gpus, dtype=np.int64),
         global_batch=np.full(n, global_batch, dtype=np.int64),
         seq_len=np.full(n, seq_len, dtype=np.int64),
-        precision=np.full(n, PRECISIONS.index(c.precision), dtype=np.int64),
-        attention=np.full(
-            n,
-            0
-            if c.attention == "flash"
-            else ("flash", "math", "flash1", "fused").index(c.attention),
-            dtype=np.int64,
-        ),
+        precision=np.full(n, precision.code, dtype=np.int64),
+        attention=np.full(n, attention.code, dtype=np.int64),
         **merged,
     )
 
@@ -243,7 +237,7 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
         "memory_total_bytes",
         "power_w_per_gpu",
         "energy_per_token_j",
-        "tokens_per_joule",
+        "tokens_per_j",
         "data_parallel",
         "dp_shard",
         "n_microbatches",
@@ -252,23 +246,8 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
 
 
 def describe(layout: dict[str, Any]) -> str:
-    """A short human name for a layout."""
-    parts = [layout["sharding"].upper()]
-    if layout["sharding"] == "hsdp":
-        parts[0] = f"HSDP(shard {layout['hsdp_shard_size'] or 'node'})"
-    if layout["tp"] > 1:
-        parts.append(f"TP{layout['tp']}{'+SP' if layout['sequence_parallel'] else ''}")
-    if layout["pp"] > 1:
-        v = layout["virtual_stages"]
-        parts.append(f"PP{layout['pp']} {layout['pp_schedule']}{f' v{v}' if v > 1 else ''}")
-    if layout["cp"] > 1:
-        parts.append(f"CP{layout['cp']}")
-    parts.append(f"mb{layout['micro_batch']}")
-    if layout["recompute"] != "none":
-        parts.append(f"AC {layout['recompute']}")
-    if layout["sharding"] in ("fsdp", "hsdp") and not layout["reshard_after_forward"]:
-        parts.append("no-reshard")
-    return " ".join(parts)
+    """A short human name for a layout given as a dict (`Layout.description`)."""
+    return Layout(**layout).description
 
 
 def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
@@ -306,18 +285,6 @@ def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str
         if abs(delta) * ms > 0.05:
             lines.append(f"{name}: {'+' if delta > 0 else '-'}{abs(delta) * ms:,.1f} ms per step")
     return lines
-
-
-def pareto_front(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Layouts no other beats on both throughput and energy per token."""
-    ordered = sorted(rows, key=lambda r: (-r["tokens_per_s"], r["energy_per_token_j"]))
-    front: list[dict[str, Any]] = []
-    best_energy = np.inf
-    for r in ordered:
-        if r["energy_per_token_j"] < best_energy:
-            front.append(r)
-            best_energy = r["energy_per_token_j"]
-    return front
 
 
 def search(
@@ -363,7 +330,7 @@ def search(
     if pred is not None:
         plain = (
             fits
-            & (valid.sharding == SHARDINGS.index("fsdp"))
+            & (valid.sharding == Sharding.FSDP.code)
             & (valid.tp == 1)
             & (valid.pp == 1)
             & (valid.cp == 1)

@@ -23,7 +23,7 @@ def test_predict_json_has_every_field(cli) -> None:
         "memory_activations_bytes",
         "fits",
         "power_w_per_gpu",
-        "tokens_per_joule",
+        "tokens_per_j",
         "assumptions",
         "layout",
     ):

@@ -34,7 +34,7 @@ def test_every_field_is_reported() -> None:
         "memory_activations_bytes",
         "fits",
         "power_w_per_gpu",
-        "tokens_per_joule",
+        "tokens_per_j",
         "assumptions",
     ):
         assert key in r
@@ -140,7 +140,7 @@ def test_power_sits_between_idle_and_tdp_and_drops_when_comm_bound() -> None:
     r128 = predict_layout(L7, H100, fsdp(128))
     r2048 = predict_layout(L7, H100, fsdp(2048))
     assert H100.gpu.idle_w < r2048["power_w_per_gpu"] < r128["power_w_per_gpu"] < H100.gpu.tdp_w
-    assert r2048["tokens_per_joule"] < r128["tokens_per_joule"]
+    assert r2048["tokens_per_j"] < r128["tokens_per_j"]
 
 
 def test_hsdp_shards_inside_the_node() -> None:

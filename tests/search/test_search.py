@@ -103,7 +103,7 @@ def test_objective_changes_the_ranking_field() -> None:
     r = search(
         model, H100, gpus=64, global_batch=64, seq_len=4096, objective="tokens-per-joule", top_k=5
     )
-    values = [t["tokens_per_joule"] for t in r.top]
+    values = [t["tokens_per_j"] for t in r.top]
     assert values == sorted(values, reverse=True)
 
 

@@ -151,6 +151,7 @@ def test_job_script_quotes_every_user_value(fake_slurm: Path, tmp_path: Path) ->
         cpus_per_task=32,
         setup=["export SETUP_RAN=1"],
         additional={"comment": "weak scaling; it's #1", "gres": "gpu:8"},
+        gpus="gpus-per-node",
     )
     executor = SlurmExecutor(options, max_parallel=3)
     executor.check([point], out)
@@ -242,3 +243,66 @@ def test_sweep_through_submitit_local_executor(
     assert load_record(result.statuses[0].record).status == "ok"  # type: ignore[arg-type]
     again = run_sweep([point], out, executor, sweep_name="tiny")
     assert again.statuses[0].action == "skipped"
+
+
+def _point_on(tmp_path: Path, cluster: str | None) -> object:
+    line = f"cluster: {cluster}\n" if cluster else ""
+    sweep = write_sweep(
+        tmp_path / "spec",
+        f"name: tiny\n{line}models: [llama-tiny]\nnodes: [1]\ngpus_per_node: 2\n"
+        "bench: {steps: 2, warmup: 1, repeats: 2}\n",
+    )
+    spec, base = load_sweep(sweep)
+    (point,) = expand(spec, base)
+    return point
+
+
+@pytest.mark.parametrize(
+    ("cluster", "gpus", "expected"),
+    [
+        ("h100-ib", "auto", {"gpus-per-node": "2"}),
+        ("cpu-gloo", "auto", {}),
+        (None, "auto", {}),
+        ("cpu-gloo", "gpus-per-node", {"gpus-per-node": "2"}),
+        ("h100-ib", "gres", {"gres": "gpu:h100:2"}),
+        ("h100-ib", "none", {}),
+    ],
+)
+def test_gpu_request_follows_the_cluster(
+    fake_slurm: Path, tmp_path: Path, cluster: str | None, gpus: str, expected: dict[str, str]
+) -> None:
+    """GPUs are asked for only where the sweep's cluster has them (a GPU-less SLURM rejects it)."""
+    point = _point_on(tmp_path, cluster)
+    gres_type = "h100" if gpus == "gres" else None
+    executor = SlurmExecutor(SlurmOptions(gpus=gpus, gres_type=gres_type))  # type: ignore[arg-type]
+    flags = sbatch_flags(executor.job_script(point, tmp_path / "out"))  # type: ignore[arg-type]
+    asked = {k: v for k, v in flags.items() if k in ("gpus-per-node", "gres")}
+    assert asked == expected
+
+
+def test_python_path_is_quoted_in_srun(fake_slurm: Path, tmp_path: Path) -> None:
+    point = _point_on(tmp_path, None)
+    python = "/opt/my envs/py;touch x/bin/python"
+    script = SlurmExecutor(SlurmOptions(python=python)).job_script(point, tmp_path / "o")  # type: ignore[arg-type]
+    assert shlex.quote(python) in script
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('name: "a\\nb"\nmodels: [llama-tiny]\n', "name"),
+        ("name: 'x y'\nmodels: [llama-tiny]\n", "name"),
+        (
+            "models: [llama-tiny]\nslurm: {additional: {'comment=x --account': y}}\n",
+            "slurm.additional",
+        ),
+    ],
+)
+def test_values_that_would_reach_the_script_unquoted_are_refused(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    sweep = write_sweep(tmp_path / "spec", text)
+    spec, base = load_sweep(sweep)
+    with pytest.raises(InputError) as err:
+        expand(spec, base)
+    assert err.value.field.startswith(field)

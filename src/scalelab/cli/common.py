@@ -10,6 +10,13 @@ import typer
 from rich.console import Console
 
 from scalelab.config.layout import ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
+from scalelab.config.options import (
+    AttentionKernel,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    Sharding,
+)
 from scalelab.errors import InputError
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -106,26 +113,27 @@ def build_layout(
     if hsdp_shard_size is not None:
         positive("hsdp-shard-size", hsdp_shard_size)
     if global_batch is None:
-        dp = max(1, gpus // (tp * pp * cp))
-        global_batch = dp * micro_batch * (pp if pp > 1 else 1)
+        global_batch = Layout.default_global_batch(
+            gpus, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch
+        )
     positive("global-batch", global_batch)
     return Layout(
         gpus=gpus,
         global_batch=global_batch,
         seq_len=seq_len,
-        sharding=choice("sharding", sharding, SHARDINGS),  # type: ignore[arg-type]
+        sharding=Sharding.parse("sharding", sharding),
         hsdp_shard_size=hsdp_shard_size,
         reshard_after_forward=reshard_after_forward,
         tp=tp,
         sequence_parallel=sp,
         pp=pp,
-        pp_schedule=choice("pp-schedule", pp_schedule, SCHEDULES),  # type: ignore[arg-type]
+        pp_schedule=PipelineSchedule.parse("pp-schedule", pp_schedule),
         virtual_stages=virtual_stages,
         cp=cp,
         micro_batch=micro_batch,
-        recompute=choice("recompute", recompute, RECOMPUTES),  # type: ignore[arg-type]
-        precision=choice("precision", precision, PRECISIONS),  # type: ignore[arg-type]
-        attention=choice("attention", attention, ATTENTIONS),  # type: ignore[arg-type]
+        recompute=Recompute.parse("recompute", recompute),
+        precision=Precision.parse("precision", precision),
+        attention=AttentionKernel.parse("attention", attention),
     )
 
 

@@ -126,7 +126,7 @@ def render_prediction(r: dict[str, Any]) -> None:
         f"{r['hfu'] * 100:.1f} %",
         f"{r['exposed_comm_s'] * 1e3:,.1f} ms ({r['exposed_comm_fraction'] * 100:.0f} %)",
         f"{r['power_w_per_gpu']:.0f} W",
-        f"{r['tokens_per_joule']:.2f}",
+        f"{r['tokens_per_j']:.2f}",
     )
     console.print(head)
     bd = Table(title="where the step goes (per GPU)")

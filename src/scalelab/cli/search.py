@@ -18,7 +18,7 @@ from scalelab.cli.common import (
     print_json,
 )
 from scalelab.config.catalog import load_cluster, load_model
-from scalelab.config.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS
+from scalelab.config.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
 from scalelab.errors import InputError
 from scalelab.search import OBJECTIVES, Constraints, describe, search
 
@@ -99,7 +99,7 @@ def search_command(
             spec,
             cluster_spec,
             gpus=gpus,
-            global_batch=global_batch or gpus,
+            global_batch=global_batch or Layout.default_global_batch(gpus),
             seq_len=seq_len or spec.seq_len,
             objective=objective,
             constraints=constraints,
@@ -121,7 +121,7 @@ def _row(table: Table, rank: str, r: dict[str, Any]) -> None:
         f"{r['exposed_comm_fraction'] * 100:.0f} %",
         f"{r['memory_total_bytes'] / 2**30:.1f}",
         f"{r['power_w_per_gpu']:.0f}",
-        f"{r['tokens_per_joule']:.2f}",
+        f"{r['tokens_per_j']:.2f}",
     )
 
 

@@ -117,3 +117,32 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         "cluster",
         f"unknown cluster '{name_or_path}'; choose one of {', '.join(cluster_names())} or a YAML file",
     )
+
+
+def gpu_for_device(device_name: str) -> str | None:
+    """The catalog GPU whose `cuda_names` include a CUDA device name (case and spacing ignored);
+    failing that, the one whose CUDA name is contained in the device's (a longer marketing
+    string). None when no GPU matches."""
+    wanted = " ".join(device_name.split()).lower()
+    known = [
+        (" ".join(cuda.split()).lower(), gpu)
+        for gpu, entry in _catalog("gpus").items()
+        for cuda in entry.get("cuda_names") or ()
+    ]
+    for cuda, gpu in known:
+        if cuda == wanted:
+            return gpu
+    contained = [(len(cuda), gpu) for cuda, gpu in known if cuda and cuda in wanted]
+    return max(contained)[1] if contained else None
+
+
+def cluster_for_device(device_name: str) -> str | None:
+    """The first catalog cluster built from the GPU a CUDA device name belongs to
+    (torch.cuda.get_device_name()), or None: a new GPU needs only its YAML entries."""
+    gpu = gpu_for_device(device_name)
+    if gpu is None:
+        return None
+    for cluster, entry in _catalog("clusters").items():
+        if entry.get("gpu") == gpu:
+            return cluster
+    return None

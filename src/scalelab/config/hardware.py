@@ -15,6 +15,11 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
+    cuda_names: tuple[str, ...] = Field(
+        default=(),
+        description="the strings torch.cuda.get_device_name() returns for this GPU (catalog "
+        "gpus.yaml); `catalog.cluster_for_device` maps a device to a cluster with them",
+    )
     peak_tflops: dict[str, float]
     hbm_gib: float = Field(gt=0)
     hbm_gbs: float = Field(gt=0)
@@ -22,7 +27,18 @@ class GPUSpec(BaseModel):
     nvls: bool = False
     tdp_w: float = Field(gt=0)
     idle_w: float = Field(ge=0)
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu",
+        description=(
+            "what the harness runs a rank on: a GPU, or one CPU core standing in for one (gloo);"
+            " a SLURM sweep asks for GPUs only for a gpu device"
+        ),
+    )
     source: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device == "gpu"
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a training precision (fp16 rate where bf16/fp8 units are missing)."""
@@ -53,28 +69,121 @@ class ClusterParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    nvlink_bus_efficiency: float = Field(0.80, gt=0, le=1.2)
-    net_bus_efficiency: float = Field(0.85, gt=0, le=1.2)
-    base_latency_us: float = Field(8.4, ge=0)
-    net_base_latency_us: float = Field(20.0, ge=0)
-    nvlink_step_latency_us: float = Field(3.4, ge=0)
-    net_step_latency_us: float = Field(9.6, ge=0)
-    tree_level_latency_us: float = Field(20.0, ge=0)
-    bandwidth_ramp_mib: float = Field(4.0, ge=0)
-    net_scale_degradation: float = Field(0.02, ge=0)
-    gemm_efficiency: float = Field(0.75, gt=0, le=1)
-    gemm_half_gflop: float = Field(2.0, ge=0)
-    attention_efficiency: float = Field(0.5, gt=0, le=1)
-    fp8_efficiency_ratio: float = Field(0.75, gt=0, le=1)
-    hbm_efficiency: float = Field(0.8, gt=0, le=1)
-    overlap_slowdown: float = Field(0.10, ge=0, le=1)
-    layer_overhead_us: float = Field(150.0, ge=0)
-    collective_overhead_us: float = Field(0.0, ge=0)
-    step_overhead_ms: float = Field(20.0, ge=0)
-    compute_power_fraction: float = Field(0.85, ge=0, le=1)
-    comm_power_fraction: float = Field(0.72, ge=0, le=1)
-    memory_reserve_gib: float = Field(4.0, ge=0)
-    source: str = ""
+    nvlink_bus_efficiency: float = Field(
+        0.80,
+        gt=0,
+        le=1.2,
+        description="achieved fraction of the GPU's datasheet NVLink rate (per direction) as nccl-tests bus bandwidth inside an NVLink domain, Simple-protocol ring. Fitted by `calibrate` to one-node nccl-tests sweeps (catalog: params.source).",
+    )
+    net_bus_efficiency: float = Field(
+        0.85,
+        gt=0,
+        le=1.2,
+        description="achieved fraction of the NIC line rate as nccl-tests bus bandwidth across nodes. From multi-node nccl-tests (the study's Figure 2) or `calibrate`.",
+    )
+    base_latency_us: float = Field(
+        8.4,
+        ge=0,
+        description="µs: fixed latency of one collective launch (NCCL baseLat for the Simple protocol; LL and LL128 scale from it as in NCCL's tuning.cc). Fitted to small-message nccl-tests.",
+    )
+    net_base_latency_us: float = Field(
+        20.0,
+        ge=0,
+        description="µs: extra fixed latency once a collective spans nodes (network setup, proxy thread). Assumed, or fitted to multi-node nccl-tests.",
+    )
+    nvlink_step_latency_us: float = Field(
+        3.4,
+        ge=0,
+        description="µs per ring step over NVLink, Simple protocol (NCCL hwLat NVLink ring = 3.4 µs). Fitted to one-node nccl-tests.",
+    )
+    net_step_latency_us: float = Field(
+        9.6,
+        ge=0,
+        description="µs per ring step over the network, Simple protocol (NCCL hwLat network ring = 9.6 µs). Fitted to the study's F1 on h100-ib (docs/calibration.md).",
+    )
+    tree_level_latency_us: float = Field(
+        20.0,
+        ge=0,
+        description="µs per level of NCCL's inter-node tree (all-reduce only). Assumed from NCCL's tuning model.",
+    )
+    bandwidth_ramp_mib: float = Field(
+        4.0,
+        ge=0,
+        description="MiB: the buffer size at which bus bandwidth reaches half its plateau (NCCL spreads larger buffers over more channels). Fitted to nccl-tests size sweeps.",
+    )
+    net_scale_degradation: float = Field(
+        0.02,
+        ge=0,
+        description="fractional loss of network bus bandwidth per doubling of the nodes a collective spans (the study's Figure 2). Fitted to multi-node nccl-tests.",
+    )
+    gemm_efficiency: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="achieved fraction of the dense peak for large GEMMs. Fitted to published runs (benchmarks/fit_catalog.py) or to measured step times by `calibrate`.",
+    )
+    gemm_half_gflop: float = Field(
+        2.0,
+        ge=0,
+        description="GFLOP: the GEMM size at which efficiency is half of gemm_efficiency (small GEMMs run slower). Fitted with gemm_efficiency.",
+    )
+    attention_efficiency: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="achieved fraction of the bf16 dense peak for FlashAttention-2's causal FLOPs. Fitted to published runs.",
+    )
+    fp8_efficiency_ratio: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="fp8 GEMM efficiency relative to bf16's (scaling and casts). Assumed from Transformer Engine reports.",
+    )
+    hbm_efficiency: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="achieved fraction of the datasheet HBM bandwidth for element-wise ops, the optimizer and memory-bound GEMMs. Fitted to published runs.",
+    )
+    overlap_slowdown: float = Field(
+        0.10,
+        ge=0,
+        le=1,
+        description="fractional slowdown of compute while communication overlaps it (shared SMs and HBM). Assumed; fitted by `calibrate` when traces are given.",
+    )
+    layer_overhead_us: float = Field(
+        150.0,
+        ge=0,
+        description="µs of host and kernel-launch overhead per layer per forward (twice in backward). Fitted to published runs / measured steps.",
+    )
+    collective_overhead_us: float = Field(
+        0.0,
+        ge=0,
+        description="µs of framework host cost per collective (hooks, copies, launch). Fitted by `calibrate`.",
+    )
+    step_overhead_ms: float = Field(
+        20.0,
+        ge=0,
+        description="ms of fixed per-step overhead (data loading, logging, synchronisation). Fitted by `calibrate`.",
+    )
+    compute_power_fraction: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="fraction of (TDP − idle) a GPU draws while computing. Fitted to the study's power (F2) or to NVML measurements by `calibrate`.",
+    )
+    comm_power_fraction: float = Field(
+        0.72,
+        ge=0,
+        le=1,
+        description="fraction of (TDP − idle) a GPU draws while only communicating (NCCL kernels keep SMs and HBM busy). Fitted to the study's F2.",
+    )
+    memory_reserve_gib: float = Field(
+        4.0,
+        ge=0,
+        description="GiB per GPU not available to tensors (CUDA context, allocator fragmentation, workspaces). Assumed from PyTorch measurements.",
+    )
+    source: str = Field("", description="where the values set for this cluster come from")
 
 
 class ClusterSpec(BaseModel):
@@ -82,15 +191,21 @@ class ClusterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
-    gpu: GPUSpec
-    gpus_per_node: int = Field(gt=0)
-    nvlink_domain: int = Field(gt=0)
-    nics_per_node: int = Field(gt=0)
-    nic_gbps: float = Field(gt=0)
-    max_gpus: int = Field(default=65536, gt=0)
-    params: ClusterParams = ClusterParams()
-    source: str = ""
+    name: str = Field(description="catalog name or the YAML file's stem")
+    gpu: GPUSpec = Field(description="the accelerator: a gpus.yaml entry or an inline mapping")
+    gpus_per_node: int = Field(gt=0, description="GPUs per node (system datasheet)")
+    nvlink_domain: int = Field(
+        gt=0, description="GPUs joined by NVLink/NVSwitch (8 on DGX nodes, 72 on GB200 NVL72)"
+    )
+    nics_per_node: int = Field(gt=0, description="compute-network NICs per node (datasheet)")
+    nic_gbps: float = Field(
+        gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
+    )
+    max_gpus: int = Field(default=65536, gt=0, description="the largest job the cluster can run")
+    params: ClusterParams = Field(
+        default=ClusterParams(), description="the predictor's fitted parameters (`calibrate`)"
+    )
+    source: str = Field("", description="the datasheets the fields come from")
 
     @model_validator(mode="after")
     def _check_domain(self) -> ClusterSpec:

@@ -9,49 +9,139 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import (
+    OPTIONS,
+    AttentionKernel,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    Sharding,
+)
 from scalelab.errors import InputError
 
-Sharding = Literal["ddp", "zero1", "zero2", "fsdp", "hsdp"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv"]
-Recompute = Literal["none", "selective", "full"]
-TrainPrecision = Literal["bf16", "fp8"]
-Attention = Literal["flash", "math", "flash1", "fused"]
+# Older names of the option types (runs/schema.py and others import them from here).
+Schedule = PipelineSchedule
+Attention = AttentionKernel
+TrainPrecision = Precision
 
-SHARDINGS: tuple[str, ...] = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv")
-RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
-PRECISIONS: tuple[str, ...] = ("bf16", "fp8")
-ATTENTIONS: tuple[str, ...] = ("flash", "math", "flash1", "fused")
+# The allowed names of each categorical option, in code order (kept for callers that want strings).
+SHARDINGS: tuple[str, ...] = Sharding.names()
+SCHEDULES: tuple[str, ...] = PipelineSchedule.names()
+RECOMPUTES: tuple[str, ...] = Recompute.names()
+PRECISIONS: tuple[str, ...] = Precision.names()
+ATTENTIONS: tuple[str, ...] = AttentionKernel.names()
 
 
 class Layout(BaseModel):
-    """One parallelism layout of a job on `gpus` GPUs (degrees multiply to `gpus`)."""
+    """One parallelism layout of a job on `gpus` GPUs (degrees multiply to `gpus`).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The same object drives the predictor (`scalelab predict`, `search`) and the harness
+    (`scalelab bench`); the CLI's layout flags are generated from these fields
+    (`scalelab.cli.common.layout_options`). Data parallelism is not a field: it takes the GPUs
+    that TP, PP and CP leave (`dp`). Categorical fields hold the option's name (a `str`); their
+    enums live in `scalelab.config.options`.
+    """
 
-    gpus: int = Field(gt=0)
-    global_batch: int = Field(gt=0, description="sequences per optimizer step")
-    seq_len: int = Field(gt=0)
-    sharding: Sharding = "fsdp"
-    hsdp_shard_size: int | None = Field(default=None, gt=0)
-    reshard_after_forward: bool = True
-    tp: int = Field(default=1, gt=0)
-    sequence_parallel: bool = True
-    pp: int = Field(default=1, gt=0)
-    pp_schedule: Schedule = "1f1b"
-    virtual_stages: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    micro_batch: int = Field(default=1, gt=0)
-    recompute: Recompute = "none"
-    precision: TrainPrecision = "bf16"
-    attention: Attention = "flash"
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_enum_values=True, validate_default=True
+    )
+
+    gpus: int = Field(
+        gt=0,
+        description="GPUs in the job (all ranks); the degrees tp x pp x cp x dp multiply to it. "
+        "Set by the user (--gpus) or by a sweep's GPU list.",
+    )
+    global_batch: int = Field(
+        gt=0,
+        description="sequences per optimizer step, over all data-parallel ranks; a multiple of "
+        "dp x micro_batch. Default: `Layout.default_global_batch` (one micro-batch per "
+        "data-parallel rank, pp of them when pipelined).",
+    )
+    seq_len: int = Field(
+        gt=0,
+        description="tokens per sequence. Default: the model's context length (ModelSpec.seq_len).",
+    )
+    sharding: Sharding = Field(
+        default=Sharding.FSDP,
+        description="how data-parallel ranks hold parameters, gradients and optimizer state: "
+        "ddp (replicated), zero1 (optimizer sharded), zero2 (+ gradients), fsdp (everything "
+        "sharded over all data-parallel ranks, FSDP2), hsdp (FSDP inside a shard group, "
+        "replicated across groups).",
+    )
+    hsdp_shard_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="HSDP only: ranks in one shard group (a divisor of dp). Default (None): the "
+        "GPUs of one node not taken by TP and CP.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="FSDP/HSDP: free gathered parameters after a layer's forward and gather them "
+        "again in backward (FSDP2's reshard_after_forward; ZeRO-3 behaviour). False keeps them "
+        "(ZeRO-2-like memory, one AllGather per layer per step).",
+    )
+    tp: int = Field(
+        default=1,
+        gt=0,
+        description="tensor-parallel degree (Megatron-style column/row split of attention and "
+        "MLP); divides n_heads, n_kv_heads and d_ff. TP ranks are innermost (inside NVLink).",
+    )
+    sequence_parallel: bool = Field(
+        default=True,
+        description="with tp > 1: shard norms and dropout along the sequence (Korthikanti et al. "
+        "2022), replacing TP's AllReduce with AllGather + ReduceScatter. Ignored when tp = 1.",
+    )
+    pp: int = Field(
+        default=1,
+        gt=0,
+        description="pipeline-parallel degree (stages); pp x virtual_stages <= n_layers and at "
+        "least pp micro-batches per step.",
+    )
+    pp_schedule: PipelineSchedule = Field(
+        default=PipelineSchedule.ONE_F_ONE_B,
+        description="pipeline schedule when pp > 1: gpipe, 1f1b, interleaved (interleaved 1F1B "
+        "with virtual_stages chunks per rank), zbv (zero-bubble V, 2 chunks per rank).",
+    )
+    virtual_stages: int = Field(
+        default=1,
+        gt=0,
+        description="model chunks per pipeline rank (interleaved: any; zbv: 2; else 1).",
+    )
+    cp: int = Field(
+        default=1,
+        gt=0,
+        description="context-parallel degree: the sequence split over cp ranks, K/V exchanged in "
+        "a ring (seq_len divisible by 2 x cp for load-balanced causal attention).",
+    )
+    micro_batch: int = Field(
+        default=1,
+        gt=0,
+        description="sequences per micro-batch per data-parallel rank; global_batch / (dp x "
+        "micro_batch) micro-batches run per step (gradient accumulation or pipeline).",
+    )
+    recompute: Recompute = Field(
+        default=Recompute.NONE,
+        description="activation recomputation in backward: none; selective (recompute the "
+        "attention core, scaled-dot-product attention, Korthikanti et al. 2022); full (recompute "
+        "every layer's forward). Changes HFU, never MFU (config.model.hardware_flops_per_token).",
+    )
+    precision: Precision = Field(
+        default=Precision.BF16,
+        description="matmul precision of the linear layers: bf16, or fp8 (Transformer Engine "
+        "style; attention and the LM head stay bf16). MFU uses the GPU's dense peak for it.",
+    )
+    attention: AttentionKernel = Field(
+        default=AttentionKernel.FLASH,
+        description="attention kernel: flash (FlashAttention-2), math (unfused PyTorch, scores "
+        "in HBM), flash1 (FlashAttention v1), fused (Megatron fused softmax).",
+    )
 
     @property
     def dp(self) -> int:
@@ -65,10 +155,92 @@ class Layout(BaseModel):
     def n_microbatches(self) -> int:
         return max(1, self.global_batch // (self.dp * self.micro_batch))
 
+    @staticmethod
+    def default_global_batch(
+        gpus: int, *, tp: int = 1, pp: int = 1, cp: int = 1, micro_batch: int = 1
+    ) -> int:
+        """The default sequences per step: one micro-batch per data-parallel rank, and pp of them
+        when pipelined (the fewest a pipeline can run). With no model parallelism this is
+        `micro_batch` sequences per GPU, the study's weak-scaling batch."""
+        dp = max(1, gpus // (tp * pp * cp))
+        return dp * micro_batch * (pp if pp > 1 else 1)
+
+    # Names -------------------------------------------------------------------------------------
+    def _sharding_name(self) -> str:
+        if self.sharding == Sharding.HSDP and self.hsdp_shard_size:
+            return f"hsdp{self.hsdp_shard_size}"
+        return str(self.sharding)
+
+    @property
+    def parallelism_label(self) -> str:
+        """The sharding and model-parallel degrees only: `fsdp tp2 pp4`, `hsdp8 cp2`."""
+        parts = [self._sharding_name()]
+        for name in ("tp", "pp", "cp"):
+            if getattr(self, name) > 1:
+                parts.append(f"{name}{getattr(self, name)}")
+        return " ".join(parts)
+
+    def label_parts(self) -> list[str]:
+        """The words of `label`: degrees, then every option that differs from its default."""
+        parts = [self._sharding_name()]
+        if self.tp > 1:
+            parts.append(f"tp{self.tp}" + ("sp" if self.sequence_parallel else ""))
+        if self.pp > 1:
+            parts.append(f"pp{self.pp}-{self.pp_schedule}")
+            if self.virtual_stages > 1:
+                parts.append(f"v{self.virtual_stages}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.micro_batch > 1:
+            parts.append(f"mb{self.micro_batch}")
+        if self.recompute != Recompute.NONE:
+            parts.append(f"ac-{self.recompute}")
+        if not self.reshard_after_forward:
+            parts.append("noreshard")
+        if self.precision != Precision.BF16:
+            parts.append(str(self.precision))
+        if self.attention != AttentionKernel.FLASH:
+            parts.append(f"attn-{self.attention}")
+        return parts
+
+    @property
+    def label(self) -> str:
+        """A short label: `fsdp tp2sp pp4-1f1b mb2 ac-full` (no GPU count; `slug` for file names)."""
+        return " ".join(self.label_parts())
+
+    @property
+    def slug(self) -> str:
+        """`label` for file and directory names: `fsdp-tp2sp-pp4-1f1b-mb2-ac-full`."""
+        return "-".join(self.label_parts())
+
+    @property
+    def description(self) -> str:
+        """A human name for tables and figures: `FSDP TP2+SP PP4 1f1b mb1 AC full`."""
+        parts = [str(self.sharding).upper()]
+        if self.sharding == Sharding.HSDP:
+            parts[0] = f"HSDP(shard {self.hsdp_shard_size or 'node'})"
+        if self.tp > 1:
+            parts.append(f"TP{self.tp}{'+SP' if self.sequence_parallel else ''}")
+        if self.pp > 1:
+            chunks = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+            parts.append(f"PP{self.pp} {self.pp_schedule}{chunks}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.recompute != Recompute.NONE:
+            parts.append(f"AC {self.recompute}")
+        if self.sharding in (Sharding.FSDP, Sharding.HSDP) and not self.reshard_after_forward:
+            parts.append("no-reshard")
+        return " ".join(parts)
+
 
 @dataclass
 class LayoutTable:
-    """Many layouts as parallel numpy arrays (categoricals as integer codes)."""
+    """Many layouts as parallel numpy arrays (categoricals as the integer `code` of their option).
+
+    Code asks the named predicates below (`is_hsdp`, `shards_params`, `is_interleaved`, ...)
+    instead of comparing codes with numbers.
+    """
 
     gpus: np.ndarray
     global_batch: np.ndarray
@@ -92,18 +264,12 @@ class LayoutTable:
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[Layout]) -> LayoutTable:
-        codes = {
-            "sharding": SHARDINGS,
-            "pp_schedule": SCHEDULES,
-            "recompute": RECOMPUTES,
-            "precision": PRECISIONS,
-            "attention": ATTENTIONS,
-        }
         columns: dict[str, np.ndarray] = {}
         for f in fields(cls):
             values = [getattr(layout, f.name) for layout in layouts]
-            if f.name in codes:
-                columns[f.name] = np.array([codes[f.name].index(v) for v in values], dtype=np.int64)
+            if f.name in OPTIONS:
+                option = OPTIONS[f.name]
+                columns[f.name] = np.array([option(v).code for v in values], dtype=np.int64)
             elif f.name == "hsdp_shard_size":
                 columns[f.name] = np.array([0 if v is None else v for v in values], dtype=np.int64)
             elif f.name in ("reshard_after_forward", "sequence_parallel"):
@@ -116,24 +282,81 @@ class LayoutTable:
         return LayoutTable(**{f.name: getattr(self, f.name)[mask_or_index] for f in fields(self)})
 
     def layout(self, i: int) -> Layout:
-        return Layout(
-            gpus=int(self.gpus[i]),
-            global_batch=int(self.global_batch[i]),
-            seq_len=int(self.seq_len[i]),
-            sharding=SHARDINGS[int(self.sharding[i])],  # type: ignore[arg-type]
-            hsdp_shard_size=int(self.hsdp_shard_size[i]) or None,
-            reshard_after_forward=bool(self.reshard_after_forward[i]),
-            tp=int(self.tp[i]),
-            sequence_parallel=bool(self.sequence_parallel[i]),
-            pp=int(self.pp[i]),
-            pp_schedule=SCHEDULES[int(self.pp_schedule[i])],  # type: ignore[arg-type]
-            virtual_stages=int(self.virtual_stages[i]),
-            cp=int(self.cp[i]),
-            micro_batch=int(self.micro_batch[i]),
-            recompute=RECOMPUTES[int(self.recompute[i])],  # type: ignore[arg-type]
-            precision=PRECISIONS[int(self.precision[i])],  # type: ignore[arg-type]
-            attention=ATTENTIONS[int(self.attention[i])],  # type: ignore[arg-type]
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)[i]
+            if f.name in OPTIONS:
+                values[f.name] = OPTIONS[f.name].from_code(int(v))
+            elif f.name == "hsdp_shard_size":
+                values[f.name] = int(v) or None
+            elif v.dtype == bool:
+                values[f.name] = bool(v)
+            else:
+                values[f.name] = int(v)
+        return Layout(**values)
+
+    # Named predicates on the categorical codes -------------------------------------------------
+    @property
+    def is_ddp(self) -> np.ndarray:
+        return self.sharding == Sharding.DDP.code
+
+    @property
+    def is_zero(self) -> np.ndarray:
+        """ZeRO-1 or ZeRO-2: optimizer state (and, for ZeRO-2, gradients) sharded."""
+        return (self.sharding == Sharding.ZERO1.code) | (self.sharding == Sharding.ZERO2.code)
+
+    @property
+    def is_zero2(self) -> np.ndarray:
+        return self.sharding == Sharding.ZERO2.code
+
+    @property
+    def is_hsdp(self) -> np.ndarray:
+        return self.sharding == Sharding.HSDP.code
+
+    @property
+    def shards_params(self) -> np.ndarray:
+        """FSDP or HSDP: parameters sharded and gathered per layer."""
+        return (self.sharding == Sharding.FSDP.code) | self.is_hsdp
+
+    @property
+    def is_gpipe(self) -> np.ndarray:
+        return self.pp_schedule == PipelineSchedule.GPIPE.code
+
+    @property
+    def is_zbv(self) -> np.ndarray:
+        return self.pp_schedule == PipelineSchedule.ZBV.code
+
+    @property
+    def is_interleaved(self) -> np.ndarray:
+        """Schedules with several model chunks per rank: interleaved 1F1B and ZB-V."""
+        return (self.pp_schedule == PipelineSchedule.INTERLEAVED.code) | self.is_zbv
+
+    @property
+    def recompute_full(self) -> np.ndarray:
+        return self.recompute == Recompute.FULL.code
+
+    @property
+    def recompute_selective(self) -> np.ndarray:
+        return self.recompute == Recompute.SELECTIVE.code
+
+    @property
+    def is_fp8(self) -> np.ndarray:
+        return self.precision == Precision.FP8.code
+
+    @property
+    def is_flash1(self) -> np.ndarray:
+        return self.attention == AttentionKernel.FLASH1.code
+
+    @property
+    def materialises_scores(self) -> np.ndarray:
+        """Attention kernels that write the score matrix to HBM (math, fused)."""
+        return (self.attention == AttentionKernel.MATH.code) | (
+            self.attention == AttentionKernel.FUSED.code
         )
+
+    @property
+    def is_fused_attention(self) -> np.ndarray:
+        return self.attention == AttentionKernel.FUSED.code
 
     # Derived degrees -------------------------------------------------------------------------
     @property
@@ -150,11 +373,12 @@ class LayoutTable:
         return np.minimum(self.dp, per_node)
 
     def dp_shard_for(self, gpus_per_node: int) -> np.ndarray:
-        code = self.sharding
+        """Ranks a parameter (or optimizer state) is sharded over: 1 for DDP, the HSDP group for
+        HSDP, all data-parallel ranks otherwise."""
         group = np.where(
             self.hsdp_shard_size > 0, self.hsdp_shard_size, self.default_hsdp_group(gpus_per_node)
         )
-        return np.where(code == 0, 1, np.where(code == 4, np.minimum(group, self.dp), self.dp))
+        return np.where(self.is_ddp, 1, np.where(self.is_hsdp, np.minimum(group, self.dp), self.dp))
 
     @property
     def n_microbatches(self) -> np.ndarray:
@@ -209,7 +433,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "virtual stages without an interleaved schedule",
         "virtual_stages",
-        lambda t, m, c: (t.virtual_stages > 1) & ~np.isin(t.pp_schedule, (2, 3)),
+        lambda t, m, c: (t.virtual_stages > 1) & ~t.is_interleaved,
         lambda L, m, c: (
             f"virtual_stages ({L.virtual_stages}) > 1 needs pp_schedule interleaved or zbv, "
             f"not {L.pp_schedule}"
@@ -218,7 +442,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "zbv needs exactly 2 virtual stages",
         "virtual_stages",
-        lambda t, m, c: (t.pp_schedule == 3) & (t.virtual_stages != 2) & (t.pp > 1),
+        lambda t, m, c: t.is_zbv & (t.virtual_stages != 2) & (t.pp > 1),
         lambda L, m, c: f"pp_schedule zbv needs virtual_stages 2, not {L.virtual_stages}",
     ),
     Rule(
@@ -248,9 +472,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "interleaved schedule needs micro-batches divisible by pp",
         "micro_batch",
-        lambda t, m, c: (
-            (t.pp > 1) & np.isin(t.pp_schedule, (2, 3)) & (t.n_microbatches % t.pp != 0)
-        ),
+        lambda t, m, c: (t.pp > 1) & t.is_interleaved & (t.n_microbatches % t.pp != 0),
         lambda L, m, c: (
             f"pp_schedule {L.pp_schedule} needs the micro-batch count ({L.n_microbatches}) "
             f"divisible by pp ({L.pp})"
@@ -259,7 +481,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "hsdp group does not divide the data-parallel ranks",
         "hsdp_shard_size",
-        lambda t, m, c: (t.sharding == 4) & (t.dp % t.dp_shard_for(_gpn(c)) != 0),
+        lambda t, m, c: t.is_hsdp & (t.dp % t.dp_shard_for(_gpn(c)) != 0),
         lambda L, m, c: (
             f"hsdp_shard_size ({L.hsdp_shard_size}) must divide the data-parallel ranks ({L.dp})"
         ),
@@ -267,7 +489,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "hsdp group size set for another sharding",
         "hsdp_shard_size",
-        lambda t, m, c: (t.sharding != 4) & (t.hsdp_shard_size > 0),
+        lambda t, m, c: ~t.is_hsdp & (t.hsdp_shard_size > 0),
         lambda L, m, c: f"hsdp_shard_size is only for sharding hsdp, not {L.sharding}",
     ),
     Rule(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scalelab.config.options import Recompute
+
+ArrayLike = int | float | np.ndarray
 
 
 class ModelSpec(BaseModel):
@@ -88,13 +93,65 @@ class ModelSpec(BaseModel):
             + self.norm_params
         )
 
-    def model_flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token: 6·(params − input embedding) + 12·layers·d_model·seq_len.
-
-        With tied embeddings the shared matrix still does the LM head's work, so it is counted.
-        """
-        s = self.seq_len if seq_len is None else seq_len
+    # FLOPs, MFU and HFU: defined here once, used by the predictor and the harness. -----------
+    @property
+    def dense_params(self) -> int:
+        """Parameters that do matmul work per token: all but the input embedding (a lookup); with
+        tied embeddings the shared matrix still does the LM head's work, so it is counted."""
         dense = self.n_params - self.input_embedding_params
         if self.tied_embeddings:
             dense += self.vocab_size * self.d_model
-        return 6.0 * dense + 12.0 * self.n_layers * self.d_model * s
+        return dense
+
+    def attention_core_forward_flops_per_token(self, seq_len: ArrayLike | None = None) -> Any:
+        """Forward FLOPs per token of the attention core (QK^T and scores x V, scaled-dot-product
+        attention) over all layers: 4 · layers · d_model · seq_len (full-attention convention, as
+        PaLM, Megatron and torchtitan count it; causal kernels do about half)."""
+        s = self.seq_len if seq_len is None else seq_len
+        return 4.0 * self.n_layers * self.d_model * s
+
+    def model_flops_per_token(self, seq_len: ArrayLike | None = None) -> Any:
+        """Training FLOPs per token: 6·(params − input embedding) + 12·layers·d_model·seq_len.
+
+        Forward and backward (2 + 4 FLOPs per dense parameter) plus three times the attention
+        core's forward. The numerator of MFU. `seq_len` may be an array.
+        """
+        s = self.seq_len if seq_len is None else seq_len
+        return 6.0 * self.dense_params + 12.0 * self.n_layers * self.d_model * s
+
+    def recompute_flops_per_token(
+        self, recompute: str | np.ndarray, seq_len: ArrayLike | None = None
+    ) -> Any:
+        """FLOPs per token that activation recomputation adds in backward.
+
+        `none` adds nothing; `selective` recomputes the attention core only (scaled-dot-product
+        attention, Korthikanti et al. 2022): its forward, 4·layers·d_model·seq_len; `full`
+        recomputes the forward: 2 FLOPs per dense parameter plus the attention core's forward.
+        `recompute` is a `Recompute` name or an array of `Recompute` codes (`LayoutTable.recompute`).
+        """
+        s = self.seq_len if seq_len is None else seq_len
+        code = Recompute(recompute).code if isinstance(recompute, str) else recompute
+        core = self.attention_core_forward_flops_per_token(s)
+        out = np.where(
+            code == Recompute.FULL.code,
+            2.0 * self.dense_params + core,
+            np.where(code == Recompute.SELECTIVE.code, core, 0.0),
+        )
+        scalar = isinstance(recompute, str) and not np.ndim(out)
+        return float(out) if scalar else out
+
+    def hardware_flops_per_token(
+        self, recompute: str | np.ndarray, seq_len: ArrayLike | None = None
+    ) -> Any:
+        """Model FLOPs plus the recomputed ones per token: the numerator of HFU."""
+        return self.model_flops_per_token(seq_len) + self.recompute_flops_per_token(
+            recompute, seq_len
+        )
+
+
+def flops_utilisation(
+    flops_per_token: Any, tokens_per_s: Any, gpus: Any, peak_flops_per_gpu: Any
+) -> Any:
+    """MFU (with model FLOPs) or HFU (with hardware FLOPs): achieved FLOP/s over GPUs x the GPU's
+    dense peak at the training precision (`GPUSpec.peak_flops`)."""
+    return flops_per_token * tokens_per_s / (gpus * peak_flops_per_gpu)

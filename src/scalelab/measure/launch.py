@@ -111,11 +111,14 @@ def launch(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
 
+    interrupted = False
+
     def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        interrupted = True
         proc.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
-    interrupted = False
     try:
         rc = proc.wait()
     except KeyboardInterrupt:
@@ -126,6 +129,8 @@ def launch(
         signal.signal(signal.SIGTERM, previous)
         reader.join(timeout=5)
     final = out_dir / f"{identity.name}.json"
+    # SIGTERM from outside (scancel, a time limit, pre-emption) may reach torchrun before us.
+    interrupted = interrupted or rc == -signal.SIGTERM
     if rc == 0 or interrupted:
         return rc, final if final.exists() else None
     culprit = _culprit("".join(tail))

@@ -10,46 +10,61 @@ and NCCL runs the fastest candidate. Latencies are a base plus one hardware late
 slowest tier a ring crosses: NVLink inside an NVLink domain; between domains, the NICs that the
 communicator's ranks in one node drive together (one NIC per GPU on DGX-like nodes), degraded
 slowly with the number of nodes as the study's Figure 2 shows. Bus bandwidth follows the
-nccl-tests definitions: all-reduce moves 2(n-1)/n of the buffer per rank, all-gather and
-reduce-scatter (n-1)/n of the gathered buffer, send/recv the buffer itself.
+nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are tables
+(`ALGORITHMS`, `PROTOCOLS`); `collective_time` takes the fastest pair.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from scalelab import collectives
+from scalelab.collectives import ALL_GATHER as ALL_GATHER
+from scalelab.collectives import ALL_REDUCE as ALL_REDUCE
+from scalelab.collectives import ALL_TO_ALL as ALL_TO_ALL
+from scalelab.collectives import REDUCE_SCATTER as REDUCE_SCATTER
+from scalelab.collectives import SEND_RECV as SEND_RECV
 from scalelab.config.hardware import ClusterSpec
 
-ALL_REDUCE = "all_reduce"
-ALL_GATHER = "all_gather"
-REDUCE_SCATTER = "reduce_scatter"
-ALL_TO_ALL = "all_to_all"
-SEND_RECV = "send_recv"
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SEND_RECV)
+COLLECTIVES = collectives.BENCHMARKED
 
-# Per-step latencies relative to the Simple protocol's, from NCCL's hwLat table (tuning.cc): ring
-# NVLink LL/LL128/Simple = 0.47/1.9/3.4 µs, ring network 2.7/4.0/9.6 µs. The cluster's parameters
-# give the Simple-protocol values; tree levels use the network ring ratios.
-_PROTOCOLS = ("LL", "LL128", "Simple")
-_RING_NVLINK_LAT_FACTOR = {"LL": 0.47 / 3.4, "LL128": 1.9 / 3.4, "Simple": 1.0}
-_RING_NET_LAT_FACTOR = {"LL": 2.7 / 9.6, "LL128": 4.0 / 9.6, "Simple": 1.0}
-_BASE_LAT_US = {"LL": 3.6, "LL128": 10.0, "Simple": 8.4}
-_RING_BW_FACTOR_MULTI = {"LL": 1 / 4, "LL128": 0.92, "Simple": 1.0}
-_RING_BW_FACTOR_SINGLE = {"LL": 1 / 3, "LL128": 0.92, "Simple": 1.0}
-_TREE_BW_FACTOR = {"LL": 0.9 / 3.8, "LL128": 0.9 * 0.915, "Simple": 0.9}
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol's constants (src/graph/tuning.cc).
+
+    Per-step latencies are relative to the Simple protocol's (NCCL's hwLat: ring NVLink
+    LL/LL128/Simple = 0.47/1.9/3.4 µs, ring network 2.7/4.0/9.6 µs; the cluster's parameters give
+    the Simple values and tree levels use the network ratios); `base_latency_us` is NCCL's
+    baseLat (scaled by the cluster's `base_latency_us` / 8.4); bandwidth factors are the fraction
+    of the bus bandwidth a ring (inside one node or across nodes) or a tree achieves.
+    """
+
+    name: str
+    nvlink_latency_factor: float
+    net_latency_factor: float
+    base_latency_us: float
+    ring_bw_factor_multi_node: float
+    ring_bw_factor_single_node: float
+    tree_bw_factor: float
+
+
+PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("LL", 0.47 / 3.4, 2.7 / 9.6, 3.6, 1 / 4, 1 / 3, 0.9 / 3.8),
+    Protocol("LL128", 1.9 / 3.4, 4.0 / 9.6, 10.0, 0.92, 0.92, 0.9 * 0.915),
+    Protocol("Simple", 1.0, 1.0, 8.4, 1.0, 1.0, 0.9),
+)
+_SIMPLE_BASE_LATENCY_US = 8.4
 _NVLS_GAIN = 1.30
 
 
 def bus_factor(collective: str, n_ranks: np.ndarray) -> np.ndarray:
-    """nccl-tests' busbw / algbw factor."""
+    """nccl-tests' busbw / algbw factor (`scalelab.collectives`), for at least one rank."""
     n = np.maximum(np.asarray(n_ranks, dtype=float), 1.0)
-    if collective == ALL_REDUCE:
-        return 2.0 * (n - 1.0) / n
-    if collective in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL):
-        return (n - 1.0) / n
-    return np.ones_like(n)
+    return np.asarray(collectives.bus_factor(collective, n))
 
 
 @dataclass(frozen=True)
@@ -94,60 +109,99 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     return np.where(domains > 1, np.minimum(nvlink, net), nvlink)
 
 
+@dataclass(frozen=True)
+class CollectiveCase:
+    """What every algorithm needs to cost one collective call, computed once per call."""
+
+    nbytes: np.ndarray
+    ranks: np.ndarray
+    domains: np.ndarray
+    ranks_per_domain: np.ndarray
+    multi: np.ndarray
+    busbw: np.ndarray
+    factor: np.ndarray
+    steps: np.ndarray
+    cluster: ClusterSpec
+
+    def base_latency_us(self, proto: Protocol) -> np.ndarray:
+        p = self.cluster.params
+        return proto.base_latency_us * p.base_latency_us / _SIMPLE_BASE_LATENCY_US + np.where(
+            self.multi, p.net_base_latency_us, 0.0
+        )
+
+
+def _ring_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """A ring is a pipeline: once it spans nodes, every step waits on the slowest hop."""
+    p = c.cluster.params
+    nvl_lat, net_lat = p.nvlink_step_latency_us, p.net_step_latency_us
+    bw_factor = np.where(c.multi, proto.ring_bw_factor_multi_node, proto.ring_bw_factor_single_node)
+    ring_bw = c.busbw * bw_factor
+    latency_us = c.base_latency_us(proto) + np.where(
+        c.multi,
+        c.steps
+        * np.maximum(nvl_lat * proto.nvlink_latency_factor, net_lat * proto.net_latency_factor),
+        c.steps * nvl_lat * proto.nvlink_latency_factor,
+    )
+    return latency_us * 1e-6 + c.nbytes * c.factor / ring_bw
+
+
+def _tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """NCCL's tree: NVLink chain inside the node, a binary tree across nodes (multi-node only)."""
+    p = c.cluster.params
+    tree_latency_us = c.base_latency_us(proto) + 2.0 * (
+        (c.ranks_per_domain - 1.0) * p.nvlink_step_latency_us * proto.nvlink_latency_factor
+        + np.log2(np.maximum(c.domains, 1.0)) * p.tree_level_latency_us * proto.net_latency_factor
+    )
+    tree = tree_latency_us * 1e-6 + c.nbytes * c.factor / (c.busbw * proto.tree_bw_factor)
+    return np.where(c.multi, tree, np.inf)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One NCCL algorithm: the collectives it implements and its cost for a protocol."""
+
+    name: str
+    collectives: tuple[str, ...]
+    time: Callable[[CollectiveCase, Protocol], np.ndarray]
+
+
+ALGORITHMS: tuple[Algorithm, ...] = (
+    Algorithm("ring", collectives.NAMES, _ring_time),
+    Algorithm("tree", (ALL_REDUCE,), _tree_time),
+)
+
+
 def collective_time(
     collective: str, nbytes: np.ndarray, group: GroupShape, cluster: ClusterSpec
 ) -> np.ndarray:
-    """Seconds for one collective on a buffer of `nbytes` (the gathered / reduced buffer size).
+    """Seconds for one collective on a buffer of `nbytes` (the gathered / reduced buffer size):
+    the fastest (algorithm, protocol) pair, as NCCL's tuner picks.
 
     For send/recv, `nbytes` is what one rank sends to its peer; `group.ranks` is 2.
     """
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(group.ranks, dtype=float)
     domains = np.asarray(group.domains, dtype=float)
-    ppn = np.asarray(group.ranks_per_domain, dtype=float)
-    multi = domains > 1
-    p = cluster.params
     # NCCL spreads a buffer over more channels as it grows: bandwidth ramps up with size.
     busbw = bus_bandwidth(collective, group, cluster) * (
-        nbytes / (nbytes + p.bandwidth_ramp_mib * 2**20)
+        nbytes / (nbytes + cluster.params.bandwidth_ramp_mib * 2**20)
     )
-    factor = bus_factor(collective, n)
-    net_lat = p.net_step_latency_us
-    nvl_lat = p.nvlink_step_latency_us
-    if collective == ALL_REDUCE:
-        steps = 2.0 * (n - 1.0)
-    elif collective == SEND_RECV:
-        steps = np.ones_like(n)
-    else:
-        steps = n - 1.0
-
+    case = CollectiveCase(
+        nbytes=nbytes,
+        ranks=n,
+        domains=domains,
+        ranks_per_domain=np.asarray(group.ranks_per_domain, dtype=float),
+        multi=domains > 1,
+        busbw=busbw,
+        factor=bus_factor(collective, n),
+        steps=np.asarray(collectives.collective(collective).ring_steps(n)),
+        cluster=cluster,
+    )
     best = np.full(nbytes.shape, np.inf)
-    for proto in _PROTOCOLS:
-        bw_factor = np.where(multi, _RING_BW_FACTOR_MULTI[proto], _RING_BW_FACTOR_SINGLE[proto])
-        ring_bw = busbw * bw_factor
-        base_us = _BASE_LAT_US[proto] * p.base_latency_us / 8.4 + np.where(
-            multi, p.net_base_latency_us, 0.0
-        )
-        # A ring is a pipeline: once it spans nodes, every step waits on the slowest hop.
-        latency_us = base_us + np.where(
-            multi,
-            steps
-            * np.maximum(
-                nvl_lat * _RING_NVLINK_LAT_FACTOR[proto], net_lat * _RING_NET_LAT_FACTOR[proto]
-            ),
-            steps * nvl_lat * _RING_NVLINK_LAT_FACTOR[proto],
-        )
-        ring = latency_us * 1e-6 + nbytes * factor / ring_bw
-        best = np.minimum(best, ring)
-        if collective == ALL_REDUCE:
-            tree_latency_us = base_us + 2.0 * (
-                (ppn - 1.0) * nvl_lat * _RING_NVLINK_LAT_FACTOR[proto]
-                + np.log2(np.maximum(domains, 1.0))
-                * p.tree_level_latency_us
-                * _RING_NET_LAT_FACTOR[proto]
-            )
-            tree = tree_latency_us * 1e-6 + nbytes * factor / (busbw * _TREE_BW_FACTOR[proto])
-            best = np.minimum(best, np.where(multi, tree, np.inf))
+    for algorithm in ALGORITHMS:
+        if collective in algorithm.collectives:
+            for proto in PROTOCOLS:
+                best = np.minimum(best, algorithm.time(case, proto))
     return np.where(n <= 1, 0.0, best)
 
 

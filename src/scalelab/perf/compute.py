@@ -18,6 +18,7 @@ import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import AttentionKernel
 
 ArrayOrScalar = np.ndarray | float
 
@@ -90,14 +91,19 @@ def layer_compute(
     gemm_flops = 2.0 * tokens * (d * (d + 2 * kv) + d * d + (n_up + 1) * d * ff) / tp_f
 
     attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
-    flash_rate = np.where(attention == 2, FLASH1_RELATIVE_RATE, 1.0) * p.attention_efficiency
+    flash_rate = (
+        np.where(attention == AttentionKernel.FLASH1.code, FLASH1_RELATIVE_RATE, 1.0)
+        * p.attention_efficiency
+    )
     flash_fwd = attn_flops_causal / (bf16_peak * flash_rate)
     score_elems = micro_batch * (heads / tp_f) * (seq_len / cp) * seq_len
-    score_passes = np.where(attention == 3, 3.0, 6.0)
+    score_passes = np.where(attention == AttentionKernel.FUSED.code, 3.0, 6.0)
     materialised_fwd = 2.0 * attn_flops_causal / (bf16_peak * p.gemm_efficiency) + (
         score_passes * BF16_BYTES * score_elems / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
     )
-    materialised = (attention == 1) | (attention == 3)
+    materialised = (attention == AttentionKernel.MATH.code) | (
+        attention == AttentionKernel.FUSED.code
+    )
     attn_fwd = np.where(materialised, materialised_fwd, flash_fwd)
     attn_bwd = np.where(materialised, 2.0 * materialised_fwd, FLASH_BACKWARD_FLOP_RATIO * flash_fwd)
 

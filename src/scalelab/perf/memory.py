@@ -19,6 +19,7 @@ import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import PipelineSchedule, Recompute, Sharding
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ def memory_per_gpu(
         / tp_f
     )
     stage_params = stage_params + model.norm_params
-    is_z1, is_z2 = sharding == 1, sharding == 2
-    full_shard = sharding >= 3
+    is_z1, is_z2 = sharding == Sharding.ZERO1.code, sharding == Sharding.ZERO2.code
+    full_shard = (sharding == Sharding.FSDP.code) | (sharding == Sharding.HSDP.code)
     zero = is_z1 | is_z2
     parameters = np.where(full_shard, 4.0 / dp_shard, np.where(zero, 2.0, 4.0)) * stage_params
     gradients = (
@@ -109,12 +110,15 @@ def memory_per_gpu(
     )
     layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
     selective = per_layer * 0.55
-    kept = np.where(recompute == 2, layer_input, np.where(recompute == 1, selective, per_layer))
-    stage_layers_kept = kept * layers_per_stage + np.where(recompute == 2, per_layer, 0.0)
+    full = recompute == Recompute.FULL.code
+    kept = np.where(
+        full, layer_input, np.where(recompute == Recompute.SELECTIVE.code, selective, per_layer)
+    )
+    stage_layers_kept = kept * layers_per_stage + np.where(full, per_layer, 0.0)
     in_flight = np.where(
         pp > 1,
         np.where(
-            schedule == 0,
+            schedule == PipelineSchedule.GPIPE.code,
             n_microbatches,
             np.minimum(n_microbatches, pp) * (1.0 + (pp - 1.0) / (pp * virtual_stages)),
         ),

@@ -14,7 +14,8 @@ import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, check
-from scalelab.config.model import ModelSpec
+from scalelab.config.model import ModelSpec, flops_utilisation
+from scalelab.metrics import canonical
 from scalelab.perf import comm
 from scalelab.perf.compute import BF16_BYTES, FP32_BYTES, layer_compute, optimizer_time
 from scalelab.perf.memory import memory_per_gpu
@@ -41,7 +42,10 @@ class Prediction:
     values: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self.values[key]
+        return self.values[canonical(key)]
+
+    def keys(self) -> list[str]:
+        return list(self.values)
 
     def __len__(self) -> int:
         return len(next(iter(self.values.values())))
@@ -72,8 +76,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     mb, s = table.micro_batch, table.seq_len
     sharding = table.sharding
     sp = table.sequence_parallel & (t > 1)
-    fp8 = table.precision == 1
-    materialised_scores = (table.attention == 1) | (table.attention == 3)
+    fp8 = table.is_fp8
+    materialised_scores = table.materialises_scores
     recompute = table.recompute
     tp_f = t.astype(float)
 
@@ -110,16 +114,16 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
 
     # Recomputation in backward.
     recompute_layer = np.where(
-        recompute == 2,
+        table.recompute_full,
         lc.forward_s + tp_layer + cp_fwd,
-        np.where(recompute == 1, lc.attention_forward_s + lc.elementwise_forward_s, 0.0),
+        np.where(table.recompute_selective, lc.attention_forward_s + lc.elementwise_forward_s, 0.0),
     )
     fwd = lc.forward_s + tp_layer + cp_fwd
     bwd = lc.backward_s + tp_layer + cp_bwd + recompute_layer
 
     # Data parallelism.
-    full_shard = sharding >= 3
-    zero12 = (sharding == 1) | (sharding == 2)
+    full_shard = table.shards_params
+    zero12 = table.is_zero
     shard_group = comm.group_shape(np.where(full_shard, ds, dp), t * cp, cluster)
     replica_group = comm.group_shape(dr, t * cp * ds, cluster)
     layer_param_bytes = PARAM_GATHER_BYTES * model.layer_params / tp_f
@@ -136,7 +140,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     ar_full = comm.collective_time(comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster)
     grad_reduce = np.where(
         full_shard,
-        rs_shard + np.where(sharding == 4, ar_replica, 0.0),
+        rs_shard + np.where(table.is_hsdp, ar_replica, 0.0),
         np.where(zero12, rs_shard, ar_full),
     )
     grad_reduce = np.where(dp > 1, grad_reduce + call_s, 0.0)
@@ -204,7 +208,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     stage_params = layers_per_stage * model.layer_params / tp_f + np.where(
         is_pp, root_params / 2, root_params
     )
-    opt_div = np.where(sharding == 0, 1, np.where(zero12, dp, ds))
+    opt_div = np.where(table.is_ddp, 1, np.where(zero12, dp, ds))
     optimizer_s = optimizer_time(stage_params / opt_div, cluster)
     zero_ag = np.where(
         zero12 & (dp > 1),
@@ -216,10 +220,9 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     overhead_s = np.full(n, p.step_overhead_ms * 1e-3)
     step = main_time + optimizer_s + zero_ag + overhead_s
 
-    micro_passes = np.where(is_pp, m_f, m_f)
-    tp_total = micro_passes * layers_per_stage * tp_layer * np.where(recompute == 2, 3.0, 2.0)
-    cp_total = micro_passes * layers_per_stage * (cp_fwd + cp_bwd)
-    recompute_total = micro_passes * layers_per_stage * recompute_layer
+    tp_total = m_f * layers_per_stage * tp_layer * np.where(table.recompute_full, 3.0, 2.0)
+    cp_total = m_f * layers_per_stage * (cp_fwd + cp_bwd)
+    recompute_total = m_f * layers_per_stage * recompute_layer
     passes_with_ag = np.where(is_pp, 1.0, m_f) * np.where(table.reshard_after_forward, 2.0, 1.0)
     ag_total = layers_per_stage * ag * passes_with_ag + root_ag * np.where(is_pp, 1.0, m_f)
     reduce_total = layers_per_stage * grad_reduce + root_rs
@@ -232,19 +235,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     tokens_per_s = tokens_per_step / step
     gpus = table.gpus.astype(float)
     peak = np.where(fp8, cluster.gpu.peak_flops("fp8"), cluster.gpu.peak_flops("bf16"))
-    dense = (
-        model.n_params
-        - model.input_embedding_params
-        + (model.vocab_size * model.d_model if model.tied_embeddings else 0)
-    )
-    flops_per_token = 6.0 * dense + 12.0 * L * model.d_model * s
-    recompute_flops = np.where(
-        recompute == 2,
-        2.0 * dense + 4.0 * L * model.d_model * s,
-        np.where(recompute == 1, 4.0 * L * model.d_model * s, 0.0),
-    )
-    mfu = flops_per_token * tokens_per_s / (gpus * peak)
-    hfu = (flops_per_token + recompute_flops) * tokens_per_s / (gpus * peak)
+    model_flops = model.model_flops_per_token(s)
+    hardware_flops = model_flops + model.recompute_flops_per_token(recompute, s)
+    mfu = flops_utilisation(model_flops, tokens_per_s, gpus, peak)
+    hfu = flops_utilisation(hardware_flops, tokens_per_s, gpus, peak)
 
     mem = memory_per_gpu(
         model,
@@ -300,10 +294,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         "fits": memory_total <= cluster.gpu.hbm_bytes,
         "power_w_per_gpu": power,
         "energy_per_token_j": energy_per_token,
-        "tokens_per_joule": 1.0 / energy_per_token,
+        "energy_j": power * gpus * step,
+        "tokens_per_j": 1.0 / energy_per_token,
         "data_parallel": dp.astype(float),
         "dp_shard": np.where(full_shard, ds, dp).astype(float),
-        "dp_replicate": np.where(sharding == 4, dr, 1).astype(float),
+        "dp_replicate": np.where(table.is_hsdp, dr, 1).astype(float),
         "n_microbatches": m_f,
     }
     return Prediction(values)

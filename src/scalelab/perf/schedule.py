@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scalelab.config.options import PipelineSchedule
+
 _EXACT_LAYERS = 6
 
 
@@ -131,5 +133,7 @@ def pipeline_bubble_units(
     GPipe and 1F1B: pp-1; interleaved 1F1B: (pp-1)/v (Narayanan et al. 2021); ZB-V: the backward
     for weights fills most of the bubble, leaving about a third of it (Qi et al. 2024).
     """
-    base = (pp - 1.0) / np.where(np.isin(schedule, (2, 3)), virtual_stages, 1)
-    return np.where(schedule == 3, base / 3.0, base)
+    zbv = schedule == PipelineSchedule.ZBV.code
+    chunked = (schedule == PipelineSchedule.INTERLEAVED.code) | zbv
+    base = (pp - 1.0) / np.where(chunked, virtual_stages, 1)
+    return np.where(zbv, base / 3.0, base)

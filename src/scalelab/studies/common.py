@@ -49,8 +49,8 @@ class Assumptions:
 DEFAULT = Assumptions()
 WEAK_SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
-# The predictor's output keys the studies read by name (issue 10a renames the energy one).
-TOKENS_PER_J = "tokens_per_joule"
+# The predictor's output keys the studies read by name (metrics.py names).
+TOKENS_PER_J = "tokens_per_j"
 
 # Pipeline schedules the study's software could run. PyTorch 2.3.1 has no pipeline schedules in
 # core (torch.distributed.pipelining arrived in 2.4 from PiPPy, which offered GPipe, 1F1B and
@@ -106,7 +106,7 @@ def pure_fsdp(gpus: int, a: Assumptions = DEFAULT, recompute: str = "none", **kw
     per_gpu = kw.pop("sequences_per_gpu", a.sequences_per_gpu)
     return Layout(
         gpus=gpus,
-        global_batch=kw.pop("global_batch", per_gpu * gpus),
+        global_batch=kw.pop("global_batch", Layout.default_global_batch(gpus, micro_batch=per_gpu)),
         seq_len=kw.pop("seq_len", a.seq_len),
         micro_batch=kw.pop("micro_batch", per_gpu),
         sharding=kw.pop("sharding", "fsdp"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,6 +36,12 @@ from scalelab.measure.launch import child_env
 from scalelab.results import utc_now
 from scalelab.sweep.plan import Point
 from scalelab.sweep.schema import SlurmOptions, check_slurm_value
+from scalelab.sweep.slurm_state import (
+    ENDED,
+    accounting_error,
+    squeue_watcher,
+    stopped_state_from_log,
+)
 
 STATE_DIR = ".sweep"  # hidden: record loaders skip it
 
@@ -222,7 +229,7 @@ class SlurmExecutor:
         options: SlurmOptions,
         max_parallel: int | None = None,
         backend: str = "slurm",
-        poll_s: float = 10.0,
+        poll_s: float | None = None,
     ) -> None:
         if max_parallel is not None and max_parallel < 1:
             raise InputError("max-parallel", f"must be a positive integer, not {max_parallel}")
@@ -232,7 +239,8 @@ class SlurmExecutor:
         self.options = options
         self.max_parallel = max_parallel
         self.backend = backend
-        self.poll_s = poll_s
+        self.poll_s = options.poll_s if poll_s is None else poll_s
+        self._watcher: Any = None
 
     def check(self, points: Sequence[Point], out: Path) -> None:
         try:
@@ -257,9 +265,15 @@ class SlurmExecutor:
             "name": f"scalelab-{sweep_name}",
             "nodes": point.nodes,
             "tasks_per_node": 1,
-            "gpus_per_node": point.gpus_per_node,
             "timeout_min": o.time_min,
         }
+        additional = dict(o.additional)
+        request = self.gpu_request(point)
+        if request == "gpus-per-node":
+            params["gpus_per_node"] = point.gpus_per_node
+        elif request == "gres":
+            kind = f"gpu:{o.gres_type}" if o.gres_type else "gpu"
+            additional.setdefault("gres", f"{kind}:{point.gpus_per_node}")
         if o.cpus_per_task is not None:
             params["cpus_per_task"] = o.cpus_per_task
         if o.mem_gb is not None:
@@ -271,18 +285,33 @@ class SlurmExecutor:
             "constraint": o.constraint,
             "exclusive": True if o.exclusive else None,
             "setup": list(o.setup) or None,
-            "additional_parameters": dict(o.additional) or None,
+            "additional_parameters": additional or None,
             "array_parallelism": self.max_parallel,
         }
         params.update({f"slurm_{k}": v for k, v in slurm.items() if v is not None})
         return params
+
+    def gpu_request(self, point: Point) -> str:
+        """How the point's job asks for GPUs: "gpus-per-node", "gres" or "none".
+
+        `auto` asks only where the sweep's cluster has GPUs: a cluster without GPU gres rejects a
+        job that asks for them, and a sweep that names no cluster does not say it has any.
+        """
+        choice = self.options.gpus
+        if choice != "auto":
+            return choice
+        if point.cluster is None:
+            return "none"
+        from scalelab.config.catalog import load_cluster
+
+        return "gpus-per-node" if load_cluster(point.cluster).gpu.is_gpu else "none"
 
     def _executor(self, out: Path, point: Point, sweep_name: str) -> Any:
         import submitit
 
         kwargs: dict[str, Any] = {}
         if self.options.python and self.backend == "slurm":
-            kwargs["slurm_python"] = self.options.python
+            kwargs["slurm_python"] = shlex.quote(self.options.python)
         try:
             ex = submitit.AutoExecutor(folder=self.folder(out), cluster=self.backend, **kwargs)
         except RuntimeError as exc:
@@ -295,19 +324,27 @@ class SlurmExecutor:
         groups: dict[tuple[int, int], list[Point]] = {}
         for p in points:
             groups.setdefault((p.nodes, p.gpus_per_node), []).append(p)
+        from submitit.core.utils import FailedJobError
+
         submitted: list[tuple[Point, Any]] = []
         for group in groups.values():
             ex = self._executor(out, group[0], group[0].sweep)
-            with ex.batch():
-                jobs = [
-                    ex.submit(
-                        run_point_on_node,
-                        p.model_dump_json(),
-                        str(out.resolve()),
-                        self.options.port,
-                    )
-                    for p in group
-                ]
+            try:
+                with ex.batch():
+                    jobs = [
+                        ex.submit(
+                            run_point_on_node,
+                            p.model_dump_json(),
+                            str(out.resolve()),
+                            self.options.port,
+                        )
+                        for p in group
+                    ]
+            except FailedJobError as exc:
+                self._remember(out, submitted)
+                lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+                reason = lines[-1].removeprefix("sbatch: error: ") if lines else "no reason given"
+                raise InputError("slurm", f"sbatch refused the job: {reason}") from None
             submitted.extend(zip(group, jobs, strict=True))
         self._remember(out, submitted)
         return submitted
@@ -342,15 +379,23 @@ class SlurmExecutor:
         for p in points:
             if p.id in known:
                 job: Any = SlurmJob(folder=self.folder(out), job_id=known[p.id])
+                if self._watcher is not None:
+                    job.watcher = self._watcher
+                    self._watcher.register_job(str(job.job_id))
                 with contextlib.suppress(Exception):
                     if job.state.split()[0] in _ACTIVE_STATES:
                         attached.append((p, job))
         return attached
 
     def run(self, points: Sequence[Point], out: Path, started: Started, ended: Finished) -> None:
+        self._use_squeue_without_accounting()
         attached = self._reattach(points, out)
         ids = {p.id for p, _ in attached}
         jobs = attached + self.submit([p for p in points if p.id not in ids], out)
+        if self._watcher is not None:
+            for _, job in jobs:
+                job.watcher = self._watcher
+                self._watcher.register_job(str(job.job_id))
         for p, job in jobs:
             started(p, f"job {job.job_id}" + (" (still queued from before)" if p.id in ids else ""))
         waiting = list(jobs)
@@ -365,12 +410,31 @@ class SlurmExecutor:
             if waiting:
                 time.sleep(self.poll_s)
 
+    def _use_squeue_without_accounting(self) -> None:
+        """Where `sacct` fails (no accounting database), read job states from `squeue`."""
+        if self.backend != "slurm" or self._watcher is not None:
+            return
+        reason = accounting_error()
+        if reason is None:
+            return
+        self._watcher = squeue_watcher(delay_s=max(int(self.poll_s), 1))
+        print(
+            f"slurm: no job accounting here (sacct: {reason}); job states come from squeue",
+            file=sys.stderr,
+        )
+
     def _ended(self, point: Point, job: Any) -> Ended:
         state = str(job.state)
         log = None
         with contextlib.suppress(Exception):
             log = Path(job.paths.stderr)
+        if state == ENDED:
+            state = stopped_state_from_log(log) or "ENDED (no accounting: state unknown)"
         stopped = any(state.startswith(s) for s in _STOPPED_STATES)
+        if not stopped and self._watcher is not None:
+            from_log = stopped_state_from_log(log)
+            if from_log is not None:
+                state, stopped = from_log, True
         try:
             results = job.results()
         except Exception as exc:
@@ -379,7 +443,10 @@ class SlurmExecutor:
             return Ended(point, None, detail, interrupted=stopped, log=log)
         codes = [r.get("returncode") for r in results if isinstance(r, dict)]
         rc = next((c for c in codes if c), 0)
-        return Ended(point, rc, f"job {job.job_id} {state}, torchrun exit code {rc}", log=log)
+        # torchrun ended by SIGTERM: SLURM stopped the job (scancel, time limit, pre-emption).
+        stopped = stopped or rc == -signal.SIGTERM
+        detail = f"job {job.job_id} {state}, torchrun exit code {rc}"
+        return Ended(point, rc, detail, interrupted=stopped, log=log)
 
     def job_script(self, point: Point, out: Path) -> str:
         """The sbatch script submitit writes for a point's job (for --dry-run and tests)."""

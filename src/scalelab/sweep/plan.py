@@ -24,10 +24,12 @@ from scalelab.errors import InputError
 from scalelab.measure.config import BenchOptions
 from scalelab.measure.job import BenchJob, RunIdentity
 from scalelab.sweep.schema import (
+    SBATCH_KEY,
     BestLayouts,
     LayoutTemplate,
     SweepFile,
     check_slurm_value,
+    check_sweep_name,
     first_error,
     layout_from_template,
     resolve_path,
@@ -153,6 +155,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
     from scalelab.measure.config import BenchOptions, check_layout, check_model
 
     assert sweep.name is not None
+    check_sweep_name(sweep.name)
     for i, n in enumerate(sweep.nodes):
         if n < 1:
             raise InputError(f"nodes[{i}]", f"must be a positive integer, not {n}")
@@ -172,6 +175,11 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
         if isinstance(value, str):
             check_slurm_value(f"slurm.{key}", value)
     for key, value in sweep.slurm.additional.items():
+        if not SBATCH_KEY.fullmatch(key):
+            raise InputError(
+                f"slurm.additional.{key}",
+                "an sbatch option name: letters, digits and - or _ (e.g. gres, mail-type)",
+            )
         check_slurm_value(f"slurm.additional.{key}", f"{key}={value}")
 
     cluster_arg = resolve_path(sweep.cluster, base) if sweep.cluster else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -47,7 +47,23 @@ class SlurmOptions(BaseModel):
     port: int | None = Field(
         None, gt=0, lt=65536, description="rendezvous port (default: 29500 + job id mod 2000)"
     )
-    python: str | None = Field(None, description="the Python on the nodes (default: this one)")
+    python: str | None = Field(
+        None, description="path of the Python on the nodes (default: this one); quoted in srun"
+    )
+    gpus: Literal["auto", "gpus-per-node", "gres", "none"] = Field(
+        "auto",
+        description=(
+            "how each job asks for GPUs: auto = --gpus-per-node G when the sweep's cluster has GPUs"
+            " and nothing otherwise (a CPU cluster, or no cluster named); gres = --gres=gpu:G"
+            " (or gpu:TYPE:G with gres_type) for clusters that schedule GPUs as gres only"
+        ),
+    )
+    poll_s: float = Field(
+        10.0, gt=0, le=3600, description="seconds between checks of the jobs' states"
+    )
+    gres_type: str | None = Field(
+        None, description="GPU type in --gres=gpu:TYPE:G (the cluster's name for it, e.g. h100)"
+    )
 
 
 class BestLayouts(BaseModel):
@@ -150,6 +166,20 @@ def load_sweep(path: str | Path) -> tuple[SweepFile, Path]:
     if sweep.name is None:
         sweep = sweep.model_copy(update={"name": p.stem})
     return sweep, p.resolve().parent
+
+
+SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_sweep_name(name: str) -> str:
+    """A sweep name: it names the SLURM job and the output folder, so one plain word."""
+    if not _SWEEP_NAME.fullmatch(name):
+        raise InputError(
+            "name",
+            f"{name!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    return name
 
 
 def check_slurm_value(field: str, value: str) -> str:
