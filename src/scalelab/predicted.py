@@ -63,9 +63,6 @@ def predict_for(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[
         result = dict(predict_layout(model, cluster, layout))
     except Exception as exc:
         return {"cluster": cluster.name, "error": f"{type(exc).__name__}: {exc}"}
-    # TODO(issue 10): drop once the predictor's result uses the metrics.py names.
-    if "tokens_per_joule" in result and "tokens_per_j" not in result:
-        result["tokens_per_j"] = result["tokens_per_joule"]
     return {"cluster": cluster.name, **result}
 
 
@@ -95,6 +92,4 @@ def prediction_of(
     if name not in cache:
         cache[name] = load_cluster(name)
     result = dict(predict_layout(record_model(record), cache[name], record_layout(record)))
-    if "tokens_per_joule" in result and "tokens_per_j" not in result:  # TODO(issue 10)
-        result["tokens_per_j"] = result["tokens_per_joule"]
     return result, f"predict_layout on {name}"

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from scalelab.config.catalog import load_model
+from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.measure.config import default_cluster_for_gpu, hardware_flops_per_token
+from scalelab.measure.config import resolve_cluster
+from scalelab.measure.job import BenchJob
+from scalelab.measure.record import workload
 
 torch = pytest.importorskip("torch")
 
@@ -59,21 +62,19 @@ def test_initialisation_depends_on_names_not_on_wrapping() -> None:
     )
 
 
-def test_flops_conventions() -> None:
+def test_flops_and_cluster_come_from_the_config() -> None:
+    """The harness counts FLOPs with config.model's functions (the predictor's) and maps a CUDA
+    device name to a catalog cluster through the GPU catalog."""
     spec = load_model("llama2-7b")
-    mfu_flops = spec.model_flops_per_token(4096)
-    assert hardware_flops_per_token(spec, 4096, "none") == mfu_flops
-    # selective recomputes the attention core (SDPA): its forward, 4·L·d·s per token.
-    attention = 4 * spec.n_layers * spec.d_model * 4096
-    assert hardware_flops_per_token(spec, 4096, "selective") == mfu_flops + attention
-    # full recomputes every forward: 2 FLOPs per dense weight plus the attention core.
-    dense = spec.n_params - spec.input_embedding_params
-    assert hardware_flops_per_token(spec, 4096, "full") == pytest.approx(
-        mfu_flops + 2 * dense + attention, rel=1e-12
-    )
-    assert default_cluster_for_gpu("NVIDIA H200") == "h200-ib"
-    assert default_cluster_for_gpu("NVIDIA H100 80GB HBM3") == "h100-ib"
-    assert default_cluster_for_gpu("Tesla T4") is None
+    for recompute in ("none", "selective", "full"):
+        layout = Layout(gpus=8, global_batch=8, seq_len=4096, recompute=recompute)  # type: ignore[arg-type]
+        work = workload(BenchJob(model=spec, layout=layout))
+        assert work["model_flops_per_token"] == spec.model_flops_per_token(4096)
+        assert work["hardware_flops_per_token"] == spec.hardware_flops_per_token(recompute, 4096)
+    assert resolve_cluster(None, "NVIDIA H200")[1] == "h200-ib"
+    assert resolve_cluster(None, "NVIDIA H100 80GB HBM3")[1] == "h100-ib"
+    assert resolve_cluster(None, "Tesla T4") == (None, None)
+    assert resolve_cluster("a100-ib", "NVIDIA H200")[1] == "a100-ib"
 
 
 def test_scalelab_imports_without_torch() -> None:

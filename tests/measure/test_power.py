@@ -71,6 +71,10 @@ def test_per_rank_energy_gives_per_gpu_power_that_calibrate_fits(tmp_path: Path)
     window = step * STEPS
     assert record.summary["power_w_per_gpu"]["mean"] == pytest.approx(power, rel=1e-12)
     assert record.summary["energy_j"]["mean"] == pytest.approx(power * step * GPUS, rel=1e-12)
+    assert record.summary["energy_j"]["mean"] == pytest.approx(predicted["energy_j"], rel=1e-12)
+    assert record.summary["tokens_per_j"]["mean"] == pytest.approx(
+        predicted["tokens_per_j"], rel=1e-12
+    )
     per_rank = record.measurements["repeats"][0]["power_w_per_rank"]
     assert per_rank == pytest.approx([power * f for f in SHARE], rel=1e-12)
     tokens = GPUS * 4096 * STEPS
@@ -116,3 +120,19 @@ def test_schema_1_records_are_read_as_power_per_gpu(tmp_path: Path) -> None:
     assert "memory_peak_rss_bytes" in loaded.summary and "avg_power_w" not in loaded.summary
     _, steps, _ = points_from_records([loaded])
     assert steps[0].power_w_per_gpu == pytest.approx(500.0)
+
+
+def test_summary_metrics_are_the_shared_vocabulary() -> None:
+    """Every measured metric is named as scalelab.metrics names it (or is one the predictor does
+    not model), so records and predictions compare field by field."""
+    from scalelab import metrics
+    from scalelab.measure.record import MEASURED_ONLY, SUMMARY_METRICS
+
+    for name in SUMMARY_METRICS:
+        assert name in metrics.BY_NAME or name in MEASURED_ONLY, name
+    assert not set(MEASURED_ONLY) & set(metrics.BY_NAME)
+    record = _record(_job(), 500.0, 0.5)
+    shared = [k for k in record.summary if k in metrics.BY_NAME]
+    assert {"tokens_per_s", "mfu", "hfu", "power_w_per_gpu", "energy_j", "tokens_per_j"} <= set(
+        shared
+    )

@@ -15,7 +15,7 @@ import pytest
 
 from scalelab.config.catalog import load_cluster, load_model
 from scalelab.config.layout import Layout
-from scalelab.measure.config import BenchOptions, hardware_flops_per_token
+from scalelab.measure.config import BenchOptions
 from scalelab.measure.job import BenchJob, RunIdentity
 from scalelab.measure.record import RepeatResult, bench_record
 from scalelab.perf.predict import predict_layout
@@ -102,7 +102,7 @@ def test_executed_recompute_flops_are_the_ones_hfu_counts() -> None:
             model(_tokens()).float().square().mean().backward()
         totals[mode] = counter.get_total_flops()
     tokens = BATCH * SEQ
-    added = hardware_flops_per_token(SPEC, SEQ, "selective") - SPEC.model_flops_per_token(SEQ)
+    added = SPEC.hardware_flops_per_token("selective", SEQ) - SPEC.model_flops_per_token(SEQ)
     assert added == 4 * SPEC.n_layers * SPEC.d_model * SEQ
     assert totals["selective"] - totals["none"] == added * tokens
 

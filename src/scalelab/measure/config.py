@@ -126,52 +126,17 @@ def check_tokens(path: str, vocab_size: int, seq_len: int) -> None:
         )
 
 
-def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
-    """Model FLOPs per token plus the recomputed ones (the numerator of HFU).
-
-    The predictor counts the same FLOPs (perf/predict.py). `selective` recomputes the attention
-    core only (scaled_dot_product_attention: the score and attention-value matmuls, Korthikanti
-    et al. 2022; see measure/parallel.py), whose forward is 4·d_model·seq_len FLOPs per token per
-    layer. `full` recomputes every forward: 2 FLOPs per dense weight plus that attention term.
-    """
-    # TODO(issue 10): use the hardware-FLOP function of config/model.py once it exists.
-    flops = model.model_flops_per_token(seq_len)
-    attention = 4.0 * model.n_layers * model.d_model * seq_len
-    if recompute == "selective":
-        flops += attention
-    elif recompute == "full":
-        dense = (flops - 12.0 * model.n_layers * model.d_model * seq_len) / 6.0
-        flops += 2.0 * dense + attention
-    return flops
-
-
 def resolve_cluster(
     name: str | None, gpu_name: str | None
 ) -> tuple[ClusterSpec | None, str | None]:
     """The cluster a run is measured against: `name` (catalog or YAML), else the catalog cluster
     whose GPU matches the CUDA device's name; (None, None) when neither applies."""
-    from scalelab.config.catalog import load_cluster
+    from scalelab.config.catalog import cluster_for_device, load_cluster
 
     if name is not None:
         return load_cluster(name), name
     if gpu_name is not None:
-        detected = default_cluster_for_gpu(gpu_name)
+        detected = cluster_for_device(gpu_name)
         if detected is not None:
             return load_cluster(detected), detected
     return None, None
-
-
-def default_cluster_for_gpu(gpu_name: str) -> str | None:
-    """The catalog cluster whose GPU matches a CUDA device name, if any."""
-    name = gpu_name.upper()
-    for needle, cluster in (
-        ("GB200", "gb200-nvl72"),
-        ("B200", "b200-ib"),
-        ("H200", "h200-ib"),
-        ("H100", "h100-ib"),
-        ("A100", "a100-ib"),
-        ("V100", "v100-ib"),
-    ):
-        if needle in name:
-            return cluster
-    return None

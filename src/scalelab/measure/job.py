@@ -47,18 +47,8 @@ class RunIdentity(BaseModel):
 
 
 def layout_label(layout: Layout) -> str:
-    """A short name for file names: `fsdp-g2`, `hsdp-g4-tp2sp`, `fsdp-g4-pp2-1f1b`."""
-    # TODO(issue 10): Layout.label once config/ has it.
-    parts = [layout.sharding, f"g{layout.gpus}"]
-    if layout.tp > 1:
-        parts.append(f"tp{layout.tp}" + ("sp" if layout.sequence_parallel else ""))
-    if layout.pp > 1:
-        parts.append(f"pp{layout.pp}-{layout.pp_schedule}")
-    if layout.cp > 1:
-        parts.append(f"cp{layout.cp}")
-    if layout.recompute != "none":
-        parts.append(f"ac-{layout.recompute}")
-    return "-".join(parts)
+    """A short name for file names: `g2-fsdp`, `g4-hsdp-tp2sp`, `g4-fsdp-pp2-1f1b`."""
+    return f"g{layout.gpus}-{layout.slug}"
 
 
 class BenchJob(BaseModel):

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.config.model import ModelSpec
-from scalelab.measure.config import hardware_flops_per_token
+from scalelab.config.model import ModelSpec, flops_utilisation
 from scalelab.measure.job import BenchJob, CommJob, RunIdentity
 from scalelab.results import Record, stats, summarize
 
@@ -26,7 +25,15 @@ SECONDARY_NOTE = (
     "reported by a rank that lost its peers or was stopped; another rank may have failed first"
 )
 
-# Per-repeat metrics of a bench record's summary (mean, std, 95 % CI over repeats).
+# What the harness measures that the predictor does not model (not in scalelab.metrics).
+MEASURED_ONLY = (
+    "memory_peak_allocated_bytes",  # CUDA allocator peak over the window, per GPU (max over ranks)
+    "memory_peak_reserved_bytes",  # CUDA allocator reserved peak, per GPU (max over ranks)
+    "memory_peak_rss_bytes",  # host process peak resident memory (max over ranks)
+    "final_loss",  # training loss at the last measured step of a repeat
+)
+# Per-repeat metrics of a bench record's summary (mean, std, 95 % CI over repeats): names from
+# scalelab.metrics, where the predictor's result has the same keys, or MEASURED_ONLY.
 SUMMARY_METRICS = (
     "step_time_s",
     "tokens_per_s",
@@ -78,9 +85,7 @@ def workload(job: BenchJob) -> dict[str, Any]:
         "global_batch": layout.global_batch,
         "tokens_per_step": layout.global_batch * layout.seq_len,
         "model_flops_per_token": spec.model_flops_per_token(layout.seq_len),
-        "hardware_flops_per_token": hardware_flops_per_token(
-            spec, layout.seq_len, layout.recompute
-        ),
+        "hardware_flops_per_token": spec.hardware_flops_per_token(layout.recompute, layout.seq_len),
         "steps": options.steps,
         "warmup": options.warmup,
         "repeats": options.repeats,
@@ -151,13 +156,13 @@ def repeat_figures(
     tps = tokens / res.window_s
     energy = res.window_energy_j
     model_flops = spec.model_flops_per_token(seq_len)
-    hw_flops = hardware_flops_per_token(spec, seq_len, recompute)
+    hw_flops = spec.hardware_flops_per_token(recompute, seq_len)
     return {
         "step_time_s": sum(res.step_time_s) / len(res.step_time_s),
         "tokens_per_s": tps,
         "tokens_per_s_per_gpu": tps / world_size,
-        "mfu": model_flops * tps / (world_size * peak_flops) if peak_flops else None,
-        "hfu": hw_flops * tps / (world_size * peak_flops) if peak_flops else None,
+        "mfu": flops_utilisation(model_flops, tps, world_size, peak_flops) if peak_flops else None,
+        "hfu": flops_utilisation(hw_flops, tps, world_size, peak_flops) if peak_flops else None,
         "memory_peak_allocated_bytes": res.peak_memory_allocated_bytes,
         "memory_peak_reserved_bytes": res.peak_memory_reserved_bytes,
         "memory_peak_rss_bytes": res.peak_rss_bytes,

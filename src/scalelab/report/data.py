@@ -99,16 +99,15 @@ class Row:
 
 
 def _label(layout: dict[str, Any]) -> str:
-    sharding = layout.get("sharding", "fsdp")
-    if sharding == "hsdp" and layout.get("hsdp_shard_size"):
-        sharding = f"hsdp{layout['hsdp_shard_size']}"
-    parts = [sharding]
-    for key, tag in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("micro_batch", "mb")):
-        if (layout.get(key) or 1) > 1:
-            parts.append(f"{tag}{layout[key]}")
-    if layout.get("recompute", "none") != "none":
-        parts.append(f"ac-{layout['recompute']}")
-    return "-".join(parts)
+    """The layout's short name (`Layout.slug`: `fsdp`, `hsdp4-tp2sp`, `fsdp-pp2-1f1b-ac-full`)."""
+    from pydantic import ValidationError
+
+    from scalelab.config.layout import Layout
+
+    try:
+        return Layout(**layout).slug
+    except (TypeError, ValidationError):
+        return str(layout.get("sharding", "?"))
 
 
 def _finite(value: Any) -> float | None:

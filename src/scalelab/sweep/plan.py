@@ -96,33 +96,7 @@ class Point(BaseModel):
         )
 
     def describe(self) -> str:
-        return f"{self.model_name} {layout_label(self.layout)} on {self.nodes}x{self.gpus_per_node} run {self.run}"
-
-
-def layout_label(layout: Layout | dict[str, Any]) -> str:
-    """A short layout name without the GPU count: `fsdp`, `hsdp4-tp2`, `fsdp-pp2-1f1b-ac-full`."""
-    # TODO(issue 10): Layout.label once config/ has it.
-    if isinstance(layout, Layout):
-        layout = layout.model_dump()
-    sharding = layout.get("sharding", "fsdp")
-    if sharding == "hsdp" and layout.get("hsdp_shard_size"):
-        sharding = f"hsdp{layout['hsdp_shard_size']}"
-    parts = [sharding]
-    if layout.get("tp", 1) > 1:
-        parts.append(f"tp{layout['tp']}" + ("sp" if layout.get("sequence_parallel") else ""))
-    if layout.get("pp", 1) > 1:
-        parts.append(f"pp{layout['pp']}-{layout.get('pp_schedule', '1f1b')}")
-        if layout.get("virtual_stages", 1) > 1:
-            parts.append(f"v{layout['virtual_stages']}")
-    if layout.get("cp", 1) > 1:
-        parts.append(f"cp{layout['cp']}")
-    if layout.get("micro_batch", 1) > 1:
-        parts.append(f"mb{layout['micro_batch']}")
-    if layout.get("recompute", "none") != "none":
-        parts.append(f"ac-{layout['recompute']}")
-    if not layout.get("reshard_after_forward", True):
-        parts.append("noreshard")
-    return "-".join(parts)
+        return f"{self.model_name} {self.layout.label} on {self.nodes}x{self.gpus_per_node} run {self.run}"
 
 
 def _safe(text: str) -> str:
@@ -244,7 +218,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                                     update={"series": (*old.series, series)}
                                 )
                             continue
-                        label = layout_label(layout)
+                        label = layout.slug
                         job = BenchJob(
                             model=spec,
                             layout=layout,
@@ -291,7 +265,7 @@ def _layouts(
         layout = layout_from_template(template, gpus, batch, seq_len)
     except ValidationError as exc:
         raise first_error(exc, where) from None
-    return [(getattr(template, "name", None) or layout_label(layout), layout)]
+    return [(getattr(template, "name", None) or layout.slug, layout)]
 
 
 def _best(
