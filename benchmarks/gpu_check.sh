@@ -117,16 +117,18 @@ for name in ("eager", "compiled"):
     print(f"  device {r.environment['devices'][0]}, torch {r.environment['torch']}, cuda {r.environment['cuda']}")
     print(f"  tokens/s {m(s, 'tokens_per_s')}   step {m(s, 'step_time_s', 1e3)} ms")
     print(f"  MFU {m(s, 'mfu', 100)} %   HFU {m(s, 'hfu', 100)} %")
-    print(f"  peak allocated {m(s, 'peak_memory_allocated_bytes', 2**-30)} GiB   reserved {m(s, 'peak_memory_reserved_bytes', 2**-30)} GiB")
-    print(f"  GPU power {m(s, 'avg_power_w')} W   energy/token {m(s, 'energy_per_token_j', 1e3)} mJ   tokens/J {m(s, 'tokens_per_j')}")
+    print(f"  peak allocated {m(s, 'memory_peak_allocated_bytes', 2**-30)} GiB   reserved {m(s, 'memory_peak_reserved_bytes', 2**-30)} GiB")
+    print(f"  GPU power per GPU {m(s, 'power_w_per_gpu')} W   energy (job) {m(s, 'energy_j')} J   energy/token {m(s, 'energy_per_token_j', 1e3)} mJ   tokens/J {m(s, 'tokens_per_j')}")
     for k, v in r.notes.items():
         print(f"  note {k}: {v}")
     if p:
-        print(f"  predicted: tokens/s {p.get('tokens_per_s')}  MFU {p.get('mfu')}  step {p.get('step_time_s')} s  power {p.get('power_w', p.get('avg_power_w'))}")
+        print(f"  predicted: tokens/s {p.get('tokens_per_s')}  MFU {p.get('mfu')}  step {p.get('step_time_s')} s  power per GPU {p.get('power_w_per_gpu')} W  HFU {p.get('hfu')}")
     mfu = (s.get("mfu") or {}).get("mean")
     rows.append({"run": name, "tokens_per_s": (s.get("tokens_per_s") or {}).get("mean"), "mfu": mfu,
                  "energy_per_token_j": (s.get("energy_per_token_j") or {}).get("mean"),
+                 "power_w_per_gpu": (s.get("power_w_per_gpu") or {}).get("mean"),
                  "predicted_tokens_per_s": p.get("tokens_per_s"), "predicted_mfu": p.get("mfu"),
+                 "predicted_power_w_per_gpu": p.get("power_w_per_gpu"),
                  "record": str(paths[-1])})
 best = max((r["mfu"] or 0.0) for r in rows) if rows else 0.0
 print(f"\nMFU target 45 %: {'met' if best >= 0.45 else 'NOT met'} (best {best * 100:.1f} %)")

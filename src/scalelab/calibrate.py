@@ -1,8 +1,9 @@
 """Fit a cluster profile's free parameters to measured `comm` and `bench` records.
 
 Each observation is predicted with the cluster's parameters and compared on a log scale:
-collective times from `comm` sweeps, step times (and GPU power, where measured) from `bench`
-runs. Bounded least squares (scipy) moves only the parameters the observations can inform
+collective times from `comm` sweeps, step times (and GPU power per GPU, where measured) from
+`bench` runs. A bench record's `power_w_per_gpu` (its GPU energy / window / GPUs) is fitted
+against the predictor's `power_w_per_gpu`: the same quantity. Bounded least squares (scipy) moves only the parameters the observations can inform
 (NVLink-tier collective parameters need collectives inside a node, network ones need several
 nodes, compute ones need bench runs, power ones need energy); a parameter whose fitted value the
 data leaves free (its column of the Jacobian is flat) is reported as undetermined and keeps the
@@ -27,6 +28,7 @@ from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
 from scalelab.perf import comm
 from scalelab.perf.predict import predict
+from scalelab.predicted import record_layout, record_model
 
 COMM_INTRA = (
     "nvlink_bus_efficiency",
@@ -94,7 +96,7 @@ class StepPoint:
     model: ModelSpec
     layout: Layout
     step_time_s: float
-    power_w: float | None = None
+    power_w_per_gpu: float | None = None  # one GPU's average power (W)
     source: str = ""
     weight: float = 1.0
     hardware: ClusterSpec | None = (
@@ -161,7 +163,7 @@ def free_parameters(comm_points: list[CommPoint], step_points: list[StepPoint]) 
         names += COMM_INTER
     if step_points:
         names += COMPUTE
-    if any(p.power_w is not None for p in step_points):
+    if any(p.power_w_per_gpu is not None for p in step_points):
         names += POWER
     return names
 
@@ -189,7 +191,9 @@ def fit(
     x0 = np.clip(np.array([float(base[n]) for n in names]), lo + 1e-9, hi - 1e-9)
     comm_measured = np.array([p.time_s for p in comm_points])
     step_measured = np.array([p.step_time_s for p in step_points])
-    power_measured = np.array([np.nan if p.power_w is None else p.power_w for p in step_points])
+    power_measured = np.array(
+        [np.nan if p.power_w_per_gpu is None else p.power_w_per_gpu for p in step_points]
+    )
     has_power = ~np.isnan(power_measured)
     # Each kind of observation carries equal weight, however many points it has.
     w_comm = 1.0 / np.sqrt(max(len(comm_points), 1))
@@ -267,12 +271,12 @@ def fit(
                 "after": float(after_s[i]),
             }
         )
-        if spt.power_w is not None:
+        if spt.power_w_per_gpu is not None:
             rows.append(
                 {
-                    "kind": "power_w",
+                    "kind": "power_w_per_gpu",
                     "what": spt.source,
-                    "measured": spt.power_w,
+                    "measured": spt.power_w_per_gpu,
                     "before": float(before_s[n + i]),
                     "after": float(after_s[n + i]),
                 }
@@ -349,14 +353,17 @@ def points_from_records(
                 )
         elif rec.kind == "bench":
             try:
-                model = ModelSpec(**rec.workload["model_spec"])
-                layout = Layout(**rec.layout)
+                if not isinstance(rec.workload.get("model_spec"), dict):
+                    raise KeyError("model_spec")
+                model = record_model(rec)
+                layout = record_layout(rec)
                 step = rec.summary["step_time_s"]["mean"]
-            except (KeyError, TypeError, ValidationError):
+            except (KeyError, TypeError, ValidationError, InputError):
                 raise InputError(
                     "records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s"
                 ) from None
-            power = (rec.summary.get("avg_power_w") or {}).get("mean")
+            # Records of schema 1 are upgraded on load (avg_power_w / GPUs).
+            power = (rec.summary.get("power_w_per_gpu") or {}).get("mean")
             step_points.append(
                 StepPoint(
                     model, layout, float(step), None if power is None else float(power), rec.name

@@ -6,6 +6,21 @@ the raw measurements (per-step arrays), summary statistics, the status and error
 the predictor's numbers for the same layout. Fields that could not be measured are null, and
 `notes` says why.
 
+Metric names are the shared output vocabulary (`step_time_s`, `tokens_per_s`,
+`tokens_per_s_per_gpu`, `mfu`, `hfu`, `exposed_comm_s`, `power_w_per_gpu`, `energy_j`,
+`energy_per_token_j`, `tokens_per_j`, `memory_*_bytes`): the unit and the scope (per GPU or the
+whole job) are in the name, and a prediction uses the same names.
+
+Schema versions. Version 2 (this one) stores `power_w_per_gpu`, one GPU's average power over the
+measured window (the job's GPU energy / window / GPUs), and `energy_j`, the GPU energy of one
+optimizer step, all GPUs (the window's / measured steps), and names peak memory `memory_peak_allocated_bytes`, `memory_peak_reserved_bytes` and
+`memory_peak_rss_bytes`. Version 1 stored `avg_power_w`, the whole job's power (energy summed over
+ranks / window) under a name that read as one GPU's, `energy_j` over the whole window, and
+`peak_*_bytes`. Reading a version-1 record upgrades it (`upgrade_v1`): `avg_power_w` becomes
+`power_w_per_gpu` divided by the job's GPUs, `energy_j` is divided by the measured steps
+(statistics over repeats scale the same way), the memory figures are renamed, and
+`exposed_comm_s` is added from the stored trace report. Files are never rewritten in place.
+
 Files are written to a hidden temporary name in the target folder, flushed to disk and renamed
 (or hard-linked, when a run's record must not be overwritten), so a crash or a kill never leaves
 a half-written `*.json`; thousands of jobs can write to one shared folder without a database.
@@ -30,7 +45,7 @@ from scalelab.errors import InputError
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORD_SUFFIX = ".json"
 Status = Literal["ok", "oom", "failed"]
 
@@ -167,12 +182,80 @@ def load_record(path: str | Path) -> Record:
             f"{p} has schema_version {version}, newer than this scalelab reads ({SCHEMA_VERSION}); "
             "upgrade scalelab",
         )
+    if version < 2:
+        data = upgrade_v1(data)
     try:
         return Record(**data)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "record"
         raise InputError("record", f"{p}: {where}: {err['msg']}") from None
+
+
+_V1_RENAMES = {
+    "peak_memory_allocated_bytes": "memory_peak_allocated_bytes",
+    "peak_memory_reserved_bytes": "memory_peak_reserved_bytes",
+    "peak_rss_bytes": "memory_peak_rss_bytes",
+}
+
+
+def _scaled_stats(st: Any, by: float) -> Any:
+    """Statistics of x as statistics of x / by (mean, std and interval bounds scale; n does not)."""
+    if not isinstance(st, dict):
+        return st
+    return {
+        k: (v / by if k != "n" and isinstance(v, (int, float)) and v is not None else v)
+        for k, v in st.items()
+    }
+
+
+def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 record's fields as version 2 has them (see the module's docstring)."""
+    out = dict(data)
+    out["schema_version"] = SCHEMA_VERSION
+    if out.get("kind") != "bench":
+        return out
+    layout = out.get("layout") or {}
+    gpus = layout.get("gpus") or (out.get("environment") or {}).get("world_size") or 1
+    summary = dict(out.get("summary") or {})
+    for old, new in _V1_RENAMES.items():
+        if old in summary:
+            summary[new] = summary.pop(old)
+    steps = float((out.get("workload") or {}).get("steps") or 1)
+    if "avg_power_w" in summary:
+        summary["power_w_per_gpu"] = _scaled_stats(summary.pop("avg_power_w"), float(gpus))
+    if "energy_j" in summary:
+        summary["energy_j"] = _scaled_stats(summary["energy_j"], steps)
+    measurements = dict(out.get("measurements") or {})
+    repeats = measurements.get("repeats")
+    if isinstance(repeats, list):
+        upgraded = []
+        for rep in repeats:
+            if isinstance(rep, dict):
+                rep = dict(rep)
+                for old, new in _V1_RENAMES.items():
+                    if old in rep:
+                        rep[new] = rep.pop(old)
+                if "avg_power_w" in rep:
+                    power = rep.pop("avg_power_w")
+                    rep["power_w_per_gpu"] = power / gpus if power is not None else None
+                if isinstance(rep.get("energy_j"), (int, float)):
+                    rep["energy_j"] = rep["energy_j"] / steps
+            upgraded.append(rep)
+        measurements["repeats"] = upgraded
+    report = measurements.get("exposed_comm")
+    if isinstance(report, dict) and "exposed_comm_s" not in summary:
+        metrics = (report.get("summary") or {}).get("metrics") or {}
+        value = (metrics.get("exposed_comm_us") or {}).get("mean")
+        if isinstance(value, (int, float)):
+            summary["exposed_comm_s"] = stats([float(value) / 1e6])
+    out["summary"] = summary
+    out["measurements"] = measurements
+    notes = dict(out.get("notes") or {})
+    if "energy_j" in notes and "power_w_per_gpu" not in notes:
+        notes["power_w_per_gpu"] = notes["energy_j"]
+    out["notes"] = notes
+    return out
 
 
 def record_paths(directory: str | Path, recursive: bool = True) -> list[Path]:

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from scalelab.config.catalog import load_model
+from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.measure.config import default_cluster_for_gpu, hardware_flops_per_token
+from scalelab.measure.config import resolve_cluster
+from scalelab.measure.job import BenchJob
+from scalelab.measure.record import workload
 
 torch = pytest.importorskip("torch")
 
@@ -59,16 +62,19 @@ def test_initialisation_depends_on_names_not_on_wrapping() -> None:
     )
 
 
-def test_flops_conventions() -> None:
+def test_flops_and_cluster_come_from_the_config() -> None:
+    """The harness counts FLOPs with config.model's functions (the predictor's) and maps a CUDA
+    device name to a catalog cluster through the GPU catalog."""
     spec = load_model("llama2-7b")
-    mfu_flops = spec.model_flops_per_token(4096)
-    assert hardware_flops_per_token(spec, 4096, "none") == mfu_flops
-    assert hardware_flops_per_token(spec, 4096, "selective") == mfu_flops
-    extra = spec.n_layers * (2 * spec.layer_params + 4 * spec.d_model * 4096)
-    assert hardware_flops_per_token(spec, 4096, "full") == mfu_flops + extra
-    assert default_cluster_for_gpu("NVIDIA H200") == "h200-ib"
-    assert default_cluster_for_gpu("NVIDIA H100 80GB HBM3") == "h100-ib"
-    assert default_cluster_for_gpu("Tesla T4") is None
+    for recompute in ("none", "selective", "full"):
+        layout = Layout(gpus=8, global_batch=8, seq_len=4096, recompute=recompute)  # type: ignore[arg-type]
+        work = workload(BenchJob(model=spec, layout=layout))
+        assert work["model_flops_per_token"] == spec.model_flops_per_token(4096)
+        assert work["hardware_flops_per_token"] == spec.hardware_flops_per_token(recompute, 4096)
+    assert resolve_cluster(None, "NVIDIA H200")[1] == "h200-ib"
+    assert resolve_cluster(None, "NVIDIA H100 80GB HBM3")[1] == "h100-ib"
+    assert resolve_cluster(None, "Tesla T4") == (None, None)
+    assert resolve_cluster("a100-ib", "NVIDIA H200")[1] == "a100-ib"
 
 
 def test_scalelab_imports_without_torch() -> None:
@@ -76,7 +82,8 @@ def test_scalelab_imports_without_torch() -> None:
     src = Path(__file__).resolve().parents[2] / "src"
     code = (
         "import sys; import scalelab, scalelab.cli, scalelab.results, scalelab.measure, "
-        "scalelab.measure.config, scalelab.measure.launch, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
+        "scalelab.measure.config, scalelab.measure.launch, scalelab.measure.job, "
+        "scalelab.measure.record, scalelab.measure.worker, scalelab.cli.bench; assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True

@@ -21,8 +21,10 @@ from tests.sweep.conftest import dump_dom
 SPEC = load_model("llama2-7b")
 
 
-def _record(name: str, gpus: int, per_gpu: list[float], **extra: Any) -> Record:
-    """A bench record of llama2-7b on `gpus` GPUs with these per-repeat per-GPU throughputs."""
+def _record(name: str, gpus: int, per_gpu: list[float], v1: bool = False, **extra: Any) -> Record:
+    """A bench record of llama2-7b on `gpus` GPUs with these per-repeat per-GPU throughputs.
+
+    `v1`: as schema 1 wrote it (`avg_power_w`, the whole job's power)."""
     seq, batch, steps = 4096, gpus, 10
     tokens = batch * seq * steps
     repeats = []
@@ -35,12 +37,13 @@ def _record(name: str, gpus: int, per_gpu: list[float], **extra: Any) -> Record:
                 "step_time_s": [window / steps] * steps,
                 "tokens_per_s_per_gpu": v,
                 "mfu": v * SPEC.model_flops_per_token(seq) / 989e12,
-                "avg_power_w": 600.0 * gpus,
+                **({"avg_power_w": 600.0 * gpus} if v1 else {"power_w_per_gpu": 600.0}),
                 "tokens_per_j": v / 600.0,
             }
         )
     layout = {"gpus": gpus, "global_batch": batch, "seq_len": seq, "sharding": "fsdp", "tp": 1}
     return Record(
+        schema_version=1 if v1 else 2,
         kind="bench",
         run_id=name,
         name=name,
@@ -75,7 +78,8 @@ def records(tmp_path: Path) -> Path:
             }
         }
     }
-    write_record(_record("a32", 32, [2500.0, 2600.0], measurements=profiled), folder)
+    # A record of schema 1 (whole-job power) is read as schema 2 (power per GPU).
+    write_record(_record("a32", 32, [2500.0, 2600.0], v1=True, measurements=profiled), folder)
     write_record(
         _record("x64", 64, [], status="oom", error="rank 3: OutOfMemoryError: CUDA out of memory"),
         folder,
@@ -104,8 +108,10 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
     assert rows[16]["records"] == "2" and rows[16]["tokens_per_s_per_gpu.n"] == "3"
     assert float(rows[16]["tokens_per_s_per_gpu.mean"]) == pytest.approx(2950.0)
     assert float(rows[16]["tokens_per_s.mean"]) == pytest.approx(2950.0 * 16)
-    # Power per GPU (the record's is the sum over GPUs); exposed communication from the trace.
+    # Power per GPU (the schema-1 record stored the sum over GPUs); exposed communication
+    # from the trace.
     assert float(rows[32]["power_w_per_gpu.mean"]) == pytest.approx(600.0)
+    assert float(rows[8]["power_w_per_gpu.mean"]) == pytest.approx(600.0)
     assert float(rows[32]["exposed_comm_fraction.mean"]) == pytest.approx(0.125)
     assert 64 not in rows  # the OOM point has no numbers, but is listed as failed
     assert set(result.figures) == {

@@ -24,8 +24,9 @@ import pytest
 from scalelab.errors import InputError
 from scalelab.results import load_record, record_paths
 from scalelab.sweep.executors import SlurmExecutor, rendezvous
+from scalelab.sweep.plan import expand
 from scalelab.sweep.run import run_sweep
-from scalelab.sweep.spec import SlurmOptions, expand, load_sweep
+from scalelab.sweep.schema import SlurmOptions, load_sweep
 from tests.sweep.conftest import child_env, write_sweep
 
 pytest.importorskip("submitit")

@@ -95,19 +95,6 @@ def _detected_gpu() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
-def _resolve_cluster(name: str | None, gpu: str | None) -> tuple[ClusterSpec | None, str | None]:
-    from scalelab.config.catalog import load_cluster
-    from scalelab.measure.config import default_cluster_for_gpu
-
-    if name is not None:
-        return load_cluster(name), name
-    if gpu is not None:
-        detected = default_cluster_for_gpu(gpu)
-        if detected is not None:
-            return load_cluster(detected), detected
-    return None, None
-
-
 def bench(
     model: ModelArg,
     seq_len: SeqLenOpt = None,
@@ -199,7 +186,9 @@ def bench(
                 "nproc-per-node",
                 f"{nproc_per_node} processes but {torch.cuda.device_count()} GPUs here",
             )
-    cluster_spec, cluster_name = _resolve_cluster(cluster, gpu)
+    from scalelab.measure.config import resolve_cluster
+
+    cluster_spec, _ = resolve_cluster(cluster, gpu)
     if gpu is None:
         cluster_spec = None  # a CPU run: the cluster name is recorded as given, its peak unused
     reference = cluster_spec or load_cluster("h100-ib")
@@ -210,74 +199,52 @@ def bench(
         check_tokens(data, spec.vocab_size, layout.seq_len)
     predict_cluster = None
     if predict:
-        try:
-            from scalelab.perf.predict import predict_layout  # noqa: F401
-        except ImportError:
-            raise InputError(
-                "predict", "the predictor (scalelab.perf.predict) is not available in this install"
-            ) from None
+        from scalelab.predicted import require_predictor
+
+        require_predictor()
         predict_cluster = cluster_spec or load_cluster(cluster or "h100-ib")
 
-    from scalelab.measure.launch import RunIdentity, base_record, launch, run_worker
+    from scalelab.measure.job import JOB_SUFFIX, BenchJob
+    from scalelab.measure.launch import launch
+    from scalelab.measure.record import base_record
+    from scalelab.measure.worker import run_worker
 
+    job = BenchJob(
+        model=spec, layout=layout, options=options, cluster=cluster, nproc_per_node=per_node
+    )
     if worker or nproc_per_node == 1:
-        rc, path = run_worker(spec, layout, options, cluster_spec, cluster_name, predict_cluster)
-        if worker and (
-            int(os.environ.get("RANK", "0")) != 0 or os.environ.get("SCALELAB_QUIET_WORKER")
-        ):
+        rc, path = run_worker(job)
+        if worker and int(os.environ.get("RANK", "0")) != 0:
             _exit(rc)
             return
     else:
-        # A caller that runs many benchmarks (scalelab sweep) may fix the run's identity.
-        identity = RunIdentity.from_env() or RunIdentity.new(spec, layout)
-        failed = base_record(identity, spec, layout, options, cluster_name, "failed")
-        argv = _worker_argv(
-            model, layout, options, cluster, seq_len or spec.seq_len, json_out=False
-        )
-        rc, path = launch(argv, nproc_per_node, identity, out, failed)
+        job = job.model_copy(update={"identity": job.new_identity()})
+        assert job.identity is not None
+        job_file = out / ".jobs" / f"{job.identity.name}{JOB_SUFFIX}"
+        try:
+            rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
+        finally:
+            job_file.unlink(missing_ok=True)
+    if predict_cluster is not None and rc == 0 and path is not None:
+        _attach_prediction(path, predict_cluster)
     _report(path, json_out)
     _exit(rc)
+
+
+def _attach_prediction(path: Path, cluster: ClusterSpec) -> None:
+    """Put the predictor's numbers for the same layout beside the measurement (atomically)."""
+    from scalelab.predicted import attach_prediction
+    from scalelab.results import load_record, write_record
+
+    record = load_record(path)
+    if record.status == "ok":
+        write_record(attach_prediction(record, cluster), path.parent)
 
 
 def _exit(rc: int) -> None:
     """A failed run exits 1 (SystemExit passes through click and `main` unchanged)."""
     if rc != 0:
         raise SystemExit(1)
-
-
-def _worker_argv(
-    model: str, layout: Any, options: Any, cluster: str | None, seq_len: int, json_out: bool
-) -> list[str]:
-    """The same benchmark as explicit flags, for the processes torchrun starts."""
-    args = [
-        "bench", model,
-        "--seq-len", str(seq_len), "--global-batch", str(layout.global_batch),
-        "--sharding", layout.sharding,
-        "--reshard-after-forward" if layout.reshard_after_forward else "--no-reshard-after-forward",
-        "--tp", str(layout.tp), "--sp" if layout.sequence_parallel else "--no-sp",
-        "--pp", str(layout.pp), "--pp-schedule", layout.pp_schedule,
-        "--virtual-stages", str(layout.virtual_stages), "--cp", str(layout.cp),
-        "--micro-batch", str(layout.micro_batch), "--recompute", layout.recompute,
-        "--precision", layout.precision, "--attention", layout.attention,
-        "--steps", str(options.steps), "--warmup", str(options.warmup),
-        "--repeats", str(options.repeats), "--seed", str(options.seed), "--lr", repr(options.lr),
-        "--grad-clip", repr(options.grad_clip), "--compile" if options.compile else "--no-compile",
-        "--compute-dtype", options.compute_dtype, "--profile-steps", str(options.profile_steps),
-        "--timeout-s", repr(options.timeout_s), "--out", options.out_dir,
-    ]  # fmt: skip
-    if layout.hsdp_shard_size is not None:
-        args += ["--hsdp-shard-size", str(layout.hsdp_shard_size)]
-    if options.data is not None:
-        args += ["--data", options.data]
-    if options.profile:
-        args.append("--profile")
-    if cluster is not None:
-        args += ["--cluster", cluster]
-    if options.predict:
-        args.append("--predict")
-    if json_out:
-        args.append("--json")
-    return args
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 1, pct: bool = False) -> str:
@@ -308,9 +275,10 @@ def _report(path: Path | None, json_out: bool) -> None:
         ("tokens/s per GPU", "tokens_per_s_per_gpu", 1.0, 0, False),
         ("MFU", "mfu", 100.0, 1, True),
         ("HFU", "hfu", 100.0, 1, True),
-        ("peak CUDA allocated (GiB)", "peak_memory_allocated_bytes", 2**-30, 2, False),
-        ("peak RSS (GiB)", "peak_rss_bytes", 2**-30, 2, False),
-        ("GPU power (W)", "avg_power_w", 1.0, 0, False),
+        ("peak CUDA allocated (GiB)", "memory_peak_allocated_bytes", 2**-30, 2, False),
+        ("peak RSS (GiB)", "memory_peak_rss_bytes", 2**-30, 2, False),
+        ("GPU power per GPU (W)", "power_w_per_gpu", 1.0, 0, False),
+        ("GPU energy, whole job (J)", "energy_j", 1.0, 0, False),
         ("GPU energy per token (mJ)", "energy_per_token_j", 1e3, 3, False),
         ("loss at end of repeat", "final_loss", 1.0, 4, False),
     )

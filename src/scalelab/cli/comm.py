@@ -63,48 +63,39 @@ def comm(
         raise InputError(
             "comm", "the collective benchmark needs PyTorch: pip install 'scalelab[measure]'"
         ) from None
-    from scalelab.measure.comm_run import comm_identity, comm_record, run_comm_worker
     from scalelab.measure.config import under_torchrun
+    from scalelab.measure.job import JOB_SUFFIX, CommJob
+    from scalelab.measure.worker import run_worker
 
+    if not under_torchrun():
+        positive("nproc-per-node", nproc_per_node)
+    job = CommJob(
+        collectives=chosen,
+        sizes_bytes=size_list,
+        iters=iters,
+        warmup=warmup,
+        timeout_s=timeout_s,
+        cluster=cluster,
+        nproc_per_node=nproc_per_node,
+        out=str(out),
+    )
     if under_torchrun() or nproc_per_node == 1:
-        rc, path = run_comm_worker(chosen, size_list, iters, warmup, timeout_s, out, cluster)
-        if under_torchrun() and (
-            int(os.environ.get("RANK", "0")) != 0 or os.environ.get("SCALELAB_QUIET_WORKER")
-        ):
+        rc, path = run_worker(job)
+        if under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
             if rc:
                 raise SystemExit(1)
             return
     else:
-        positive("nproc-per-node", nproc_per_node)
-        from scalelab.measure.launch import RunIdentity, launch
+        from scalelab.measure.launch import launch
+        from scalelab.measure.record import base_record
 
-        run_id, created, name = comm_identity(chosen, nproc_per_node)
-        workload = {
-            "collectives": chosen,
-            "sizes_bytes": size_list,
-            "world_size": nproc_per_node,
-            "nproc_per_node": nproc_per_node,
-        }
-        failed = comm_record(run_id, created, name, "failed", workload)
-        failed.cluster = cluster
-        argv = [
-            "comm",
-            "--collectives",
-            ",".join(chosen),
-            "--sizes",
-            ",".join(str(s) for s in size_list),
-            "--iters",
-            str(iters),
-            "--warmup",
-            str(warmup),
-            "--timeout-s",
-            str(timeout_s),
-            "--out",
-            str(out),
-        ]
-        if cluster:
-            argv += ["--cluster", cluster]
-        rc, path = launch(argv, nproc_per_node, RunIdentity(run_id, created, name), out, failed)
+        job = job.model_copy(update={"identity": job.new_identity()})
+        assert job.identity is not None
+        job_file = out / ".jobs" / f"{job.identity.name}{JOB_SUFFIX}"
+        try:
+            rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
+        finally:
+            job_file.unlink(missing_ok=True)
     _report(path, json_out)
     if rc:
         raise SystemExit(1)

@@ -123,8 +123,9 @@ def sweep(
     interrupted.
     """
     from scalelab.sweep.executors import LocalExecutor, SlurmExecutor
+    from scalelab.sweep.plan import expand
     from scalelab.sweep.run import classify, run_sweep
-    from scalelab.sweep.spec import expand, load_sweep
+    from scalelab.sweep.schema import load_sweep
 
     choice("executor", executor, ("local", "slurm"))
     spec, base = load_sweep(sweep_file)
@@ -200,15 +201,13 @@ def _table(statuses: Sequence[PointStatus], title: str) -> None:
     table = Table(title=title)
     for col in ("point", "model", "layout", "nodes x GPUs", "run", "state", "detail"):
         table.add_column(col)
-    from scalelab.sweep.spec import layout_label
-
     for s in statuses:
         p = s.point
         color = {"ok": "green", "failed": "red", "oom": "red"}.get(s.state, "yellow")
         table.add_row(
             p.id[:10],
             p.model_name,
-            f"{layout_label(p.layout)} ({', '.join(p.series)})",
+            f"{p.layout.slug} ({', '.join(p.series)})",
             f"{p.nodes} x {p.gpus_per_node}",
             str(p.run),
             f"[{color}]{s.state}[/]",

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+from scalelab import collectives as coll
+
+COLLECTIVES = coll.BENCHMARKED
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
 
@@ -48,11 +50,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def bus_factor(collective: str, n: int) -> float:
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' busbw / algbw (defined once, in `scalelab.collectives`)."""
+    return float(coll.bus_factor(collective, n))
 
 
 def _operation(collective: str, nbytes: int, world: int, rank: int, device: torch.device) -> Any:

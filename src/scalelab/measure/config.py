@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
@@ -125,31 +126,17 @@ def check_tokens(path: str, vocab_size: int, seq_len: int) -> None:
         )
 
 
-def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> float:
-    """Model FLOPs per token plus the recomputed ones (the numerator of HFU).
+def resolve_cluster(
+    name: str | None, gpu_name: str | None
+) -> tuple[ClusterSpec | None, str | None]:
+    """The cluster a run is measured against: `name` (catalog or YAML), else the catalog cluster
+    whose GPU matches the CUDA device's name; (None, None) when neither applies."""
+    from scalelab.config.catalog import cluster_for_device, load_cluster
 
-    `full` recomputes every block's forward: 2 FLOPs per block weight plus the forward third of
-    the attention term (4·d_model·seq_len per layer). `selective` saves the outputs of matmuls
-    and attention (see measure/parallel.py) and recomputes only elementwise work, which adds no
-    matmul FLOPs, so its HFU equals its MFU.
-    """
-    flops = model.model_flops_per_token(seq_len)
-    if recompute == "full":
-        flops += model.n_layers * (2.0 * model.layer_params + 4.0 * model.d_model * seq_len)
-    return flops
-
-
-def default_cluster_for_gpu(gpu_name: str) -> str | None:
-    """The catalog cluster whose GPU matches a CUDA device name, if any."""
-    name = gpu_name.upper()
-    for needle, cluster in (
-        ("GB200", "gb200-nvl72"),
-        ("B200", "b200-ib"),
-        ("H200", "h200-ib"),
-        ("H100", "h100-ib"),
-        ("A100", "a100-ib"),
-        ("V100", "v100-ib"),
-    ):
-        if needle in name:
-            return cluster
-    return None
+    if name is not None:
+        return load_cluster(name), name
+    if gpu_name is not None:
+        detected = cluster_for_device(gpu_name)
+        if detected is not None:
+            return load_cluster(detected), detected
+    return None, None

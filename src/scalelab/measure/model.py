@@ -61,8 +61,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.flatten(-2).type_as(x)
 
 
+def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # Looked up on the module at call time so that context parallelism can patch it.
+    return functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
-    """Grouped-query attention. Head counts are inferred from the (possibly TP-local) shapes."""
+    """Grouped-query attention. Head counts are inferred from the (possibly TP-local) shapes.
+
+    `recompute_core` (selective recompute, set by `parallel.apply_ac`): the attention core
+    (scaled_dot_product_attention: scores, softmax, attention over values) keeps only its inputs
+    and runs again in backward; everything else in the block keeps its activations.
+    """
+
+    recompute_core: bool = False
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -82,10 +94,15 @@ class Attention(nn.Module):
         if self.n_rep > 1:
             k = k.repeat_interleave(self.n_rep, dim=2)
             v = v.repeat_interleave(self.n_rep, dim=2)
-        # Looked up on the module at call time so that context parallelism can patch it.
-        out = functional.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.recompute_core:
+            from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+            # The whole core runs again (no early stop), whichever SDPA backend runs it.
+            with set_checkpoint_early_stop(False):
+                out = checkpoint(_attention_core, q, k, v, use_reentrant=False)
+        else:
+            out = _attention_core(q, k, v)
         return cast(torch.Tensor, self.wo(out.transpose(1, 2).reshape(b, s, -1)))
 
 

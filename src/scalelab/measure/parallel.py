@@ -4,8 +4,9 @@ The order is fixed, as in torchtitan's `parallelize_llama`:
 
 1. pipeline split (`pipeline_modules`): each rank keeps the layers of its stage(s);
 2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism;
-3. activation checkpointing (`apply_ac`): none, selective (save matmuls, attention and
-   reduce-scatters, recompute the rest) or full (recompute each block);
+3. activation checkpointing (`apply_ac`): none, selective (recompute the attention core,
+   scaled_dot_product_attention, and keep every other activation: Korthikanti et al. 2022, the
+   recompute the predictor costs and counts in HFU) or full (recompute each block);
 4. `torch.compile` per block (`apply_compile`);
 5. data parallelism: FSDP2 (`apply_fsdp`, fully_shard per block and root; 2-D mesh for HSDP;
    bf16 parameters with fp32 reduction on GPU) or DDP (`apply_ddp`, after initialisation, since
@@ -24,7 +25,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -235,37 +235,15 @@ def apply_tp(
 # 3. Activation checkpointing ---------------------------------------------------------------------
 
 
-def _selective_policy(
-    save_ops: frozenset[Any], ctx: Any, op: Any, *args: Any, **kwargs: Any
-) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    return CheckpointPolicy.MUST_SAVE if op in save_ops else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _selective_context() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    aten = torch.ops.aten
-    save = frozenset(
-        {
-            aten.mm.default,
-            aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_cudnn_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops._c10d_functional.reduce_scatter_tensor.default,
-            aten.max.default,
-        }
-    )
-    return create_selective_checkpoint_contexts(partial(_selective_policy, save))
-
-
 def apply_ac(model: nn.Module, mode: str) -> None:
-    """Wrap each block for recomputation in backward (`mode`: none, selective or full)."""
+    """Recompute in backward (`mode`): none; selective, the attention core of each block
+    (`Attention.recompute_core`: only its inputs q, k, v are kept); or full, each block's forward
+    (`checkpoint_wrapper`: only the block's input is kept)."""
     if mode == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from scalelab.measure.model import Attention
 
     layers: Any = model.layers
     for key in list(layers.keys()):
@@ -273,9 +251,9 @@ def apply_ac(model: nn.Module, mode: str) -> None:
         if mode == "full":
             layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
         else:
-            layers[key] = checkpoint_wrapper(
-                block, context_fn=_selective_context, preserve_rng_state=False
-            )
+            for module in block.modules():
+                if isinstance(module, Attention):
+                    module.recompute_core = True
 
 
 # 4. torch.compile --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import os
 import resource
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from scalelab.measure.parallel import (
     cp_context,
     pipeline_modules,
 )
+from scalelab.measure.record import RepeatResult
 
 
 @dataclass(frozen=True)
@@ -321,23 +322,6 @@ class Trainer:
         return self.info.world_size // self.layout.pp
 
 
-@dataclass
-class RepeatResult:
-    """Raw figures of one repeat, already reduced over ranks."""
-
-    warmup_step_time_s: list[float]
-    warmup_loss: list[float]
-    step_time_s: list[float]
-    loss: list[float]
-    grad_norm: list[float]
-    window_s: float
-    peak_memory_allocated_bytes: int | None
-    peak_memory_reserved_bytes: int | None
-    peak_rss_bytes: int
-    energy_j: float | None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -401,10 +385,14 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     else:
         alloc, reserved = 0, 0
     window_r, rss_r, alloc_r, reserved_r = _reduce([window, rss, alloc, reserved], max_op, device)
-    available = 1.0 if energy0 is not None and energy1 is not None else 0.0
-    energy_local = (energy1 - energy0) if energy0 is not None and energy1 is not None else 0.0
-    energy_sum, n_available = _reduce([energy_local, available], sum_op, device)
-    has_energy = int(n_available) == trainer.info.world_size
+    # Every rank's own GPU energy over the window (NaN where its counter is unavailable).
+    local = (energy1 - energy0) if energy0 is not None and energy1 is not None else float("nan")
+    gathered = [
+        torch.zeros(1, dtype=torch.float64, device=device) for _ in range(trainer.info.world_size)
+    ]
+    dist.all_gather(gathered, torch.tensor([local], dtype=torch.float64, device=device))
+    per_rank = [float(t.item()) for t in gathered]
+    has_energy = all(v == v for v in per_rank)  # no NaN: every rank read its counter
     cuda = device.type == "cuda"
     return RepeatResult(
         warmup_step_time_s=w_times_r,
@@ -416,7 +404,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         peak_memory_allocated_bytes=int(alloc_r) if cuda else None,
         peak_memory_reserved_bytes=int(reserved_r) if cuda else None,
         peak_rss_bytes=int(rss_r),
-        energy_j=energy_sum if has_energy else None,
+        window_energy_j_per_rank=per_rank if has_energy else None,
     )
 
 

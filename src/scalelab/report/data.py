@@ -5,7 +5,10 @@ A configuration is (model, series, GPUs): the series is the sweep's name for the
 record that no sweep wrote. Every repeat of every record of a configuration (several runs of a
 point, several points) is pooled, and the mean with its Student-t 95 % interval is taken over
 the pooled repeats. Predictions, when asked for, come from the record (`bench --predict`) or
-from `predict_layout` on the record's layout and cluster.
+from `predict_layout` on the record's layout and cluster (`scalelab.predicted.prediction_of`).
+Measured and predicted values are read under the same metric names (the shared vocabulary:
+`tokens_per_s_per_gpu`, `power_w_per_gpu`, `tokens_per_j`, ...); records of schema 1 are
+upgraded when they are loaded (`scalelab.results`).
 """
 
 from __future__ import annotations
@@ -26,31 +29,23 @@ class Metric:
     label: str
     unit: str
     scale: float = 1.0  # shown value = value × scale
-    predicted: str | None = None  # the predictor's field
     note: str = ""
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric(
-        "tokens_per_s_per_gpu", "per-GPU throughput", "tokens/s per GPU",
-        predicted="tokens_per_s_per_gpu",
-    ),
-    Metric("tokens_per_s", "global throughput", "tokens/s", predicted="tokens_per_s"),
-    Metric("mfu", "MFU", "%", 100.0, predicted="mfu", note="model FLOPs ÷ (GPUs × dense peak)"),
+    Metric("tokens_per_s_per_gpu", "per-GPU throughput", "tokens/s per GPU"),
+    Metric("tokens_per_s", "global throughput", "tokens/s"),
+    Metric("mfu", "MFU", "%", 100.0, note="model FLOPs ÷ (GPUs × dense peak)"),
     Metric(
         "exposed_comm_fraction", "exposed communication", "% of step", 100.0,
-        predicted="exposed_comm_fraction",
         note="communication with no compute running, from the profiled steps (bench --profile)",
     ),
     Metric(
-        "power_w_per_gpu", "GPU power per GPU", "W", predicted="power_w_per_gpu",
+        "power_w_per_gpu", "GPU power per GPU", "W",
         note="GPU board power from NVML energy counters, not the whole node",
     ),
-    Metric(
-        "tokens_per_j", "tokens per joule", "tokens/J", predicted="tokens_per_j",
-        note="GPU energy only",
-    ),
-    Metric("step_time_s", "step time", "s", predicted="step_time_s"),
+    Metric("tokens_per_j", "tokens per joule", "tokens/J", note="GPU energy only"),
+    Metric("step_time_s", "step time", "s"),
 )  # fmt: skip
 METRIC_KEYS = tuple(m.key for m in METRICS)
 
@@ -104,16 +99,15 @@ class Row:
 
 
 def _label(layout: dict[str, Any]) -> str:
-    sharding = layout.get("sharding", "fsdp")
-    if sharding == "hsdp" and layout.get("hsdp_shard_size"):
-        sharding = f"hsdp{layout['hsdp_shard_size']}"
-    parts = [sharding]
-    for key, tag in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("micro_batch", "mb")):
-        if (layout.get(key) or 1) > 1:
-            parts.append(f"{tag}{layout[key]}")
-    if layout.get("recompute", "none") != "none":
-        parts.append(f"ac-{layout['recompute']}")
-    return "-".join(parts)
+    """The layout's short name (`Layout.slug`: `fsdp`, `hsdp4-tp2sp`, `fsdp-pp2-1f1b-ac-full`)."""
+    from pydantic import ValidationError
+
+    from scalelab.config.layout import Layout
+
+    try:
+        return Layout(**layout).slug
+    except (TypeError, ValidationError):
+        return str(layout.get("sharding", "?"))
 
 
 def _finite(value: Any) -> float | None:
@@ -122,48 +116,32 @@ def _finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _per_repeat(record: Record, gpus: int) -> dict[str, list[float]]:
+def _per_repeat(record: Record) -> dict[str, list[float]]:
     """Each metric's value in each repeat (the record's raw measurements, else its summary)."""
     repeats = record.measurements.get("repeats") if record.measurements else None
     values: dict[str, list[float]] = {k: [] for k in METRIC_KEYS}
     if isinstance(repeats, list) and repeats:
+        steps = record.workload.get("steps")
+        per_step = record.workload.get("tokens_per_step")
         for rep in repeats:
             if not isinstance(rep, dict):
                 continue
+            rep_values = {key: _mean(rep.get(key)) for key in METRIC_KEYS}
+            # A repeat's raw `tokens_per_s` is per step; its figure is tokens over the window.
             window = _finite(rep.get("window_s"))
-            steps = record.workload.get("steps")
-            per_step = record.workload.get("tokens_per_step")
-            tps = None
-            if window and steps and per_step:
-                tps = float(per_step) * float(steps) / window
-            rep_values = {
-                "tokens_per_s": tps,
-                "tokens_per_s_per_gpu": _finite(rep.get("tokens_per_s_per_gpu")),
-                "mfu": _finite(rep.get("mfu")),
-                "tokens_per_j": _finite(rep.get("tokens_per_j")),
-                "step_time_s": _mean(rep.get("step_time_s")),
-                "power_w_per_gpu": _div(_finite(rep.get("avg_power_w")), gpus),
-            }
+            rep_values["tokens_per_s"] = (
+                float(per_step) * float(steps) / window if window and steps and per_step else None
+            )
             for key, v in rep_values.items():
                 if v is not None:
                     values[key].append(v)
     else:
-        for key, src in (
-            ("tokens_per_s", "tokens_per_s"),
-            ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu"),
-            ("mfu", "mfu"),
-            ("tokens_per_j", "tokens_per_j"),
-            ("step_time_s", "step_time_s"),
-        ):
-            mean = _finite((record.summary.get(src) or {}).get("mean"))
+        for key in METRIC_KEYS:
+            mean = _finite((record.summary.get(key) or {}).get("mean"))
             if mean is not None:
                 values[key].append(mean)
-        power = _finite((record.summary.get("avg_power_w") or {}).get("mean"))
-        if power is not None:
-            values["power_w_per_gpu"].append(power / gpus)
     exposed = _exposed_fraction(record)
-    if exposed is not None:
-        values["exposed_comm_fraction"].append(exposed)
+    values["exposed_comm_fraction"] = [] if exposed is None else [exposed]
     return values
 
 
@@ -172,10 +150,6 @@ def _mean(value: Any) -> float | None:
         xs = [float(v) for v in value if _finite(v) is not None]
         return sum(xs) / len(xs) if xs else None
     return _finite(value)
-
-
-def _div(value: float | None, by: int) -> float | None:
-    return value / by if value is not None and by else None
 
 
 def _exposed_fraction(record: Record) -> float | None:
@@ -222,51 +196,32 @@ def observations(records: Sequence[tuple[Path, Record]]) -> list[Observation]:
             status=record.status,
         )
         if record.status == "ok" and gpus:
-            o.values = _per_repeat(record, gpus)
+            o.values = _per_repeat(record)
         obs.append(o)
     return obs
 
 
 def add_predictions(obs: Sequence[Observation], cluster: str | None) -> list[str]:
     """Fill each ok observation's prediction; returns notes on what could not be predicted."""
-    from scalelab.config.catalog import load_cluster, load_model
-    from scalelab.config.layout import Layout
-    from scalelab.config.model import ModelSpec
-    from scalelab.perf.predict import predict_layout
+    from scalelab.predicted import prediction_of
 
     notes: list[str] = []
     clusters: dict[str, Any] = {}
     for o in obs:
         if o.status != "ok":
             continue
-        pred = o.record.prediction
-        source = "record"
-        if not pred or "error" in pred or (cluster and pred.get("cluster") != cluster):
-            name = cluster or o.record.cluster or "h100-ib"
-            try:
-                if name not in clusters:
-                    clusters[name] = load_cluster(name)
-                spec_data = o.record.workload.get("model_spec")
-                spec = (
-                    ModelSpec(**spec_data) if isinstance(spec_data, dict) else load_model(o.model)
-                )
-                pred = predict_layout(spec, clusters[name], Layout(**(o.record.layout or {})))
-                source = f"predict_layout on {name}"
-            except InputError as exc:
-                if name == cluster:
-                    raise
-                notes.append(f"{o.path.name}: not predicted ({exc})")
-                continue
-            except Exception as exc:
-                notes.append(f"{o.path.name}: not predicted ({type(exc).__name__}: {exc})")
-                continue
+        try:
+            pred, source = prediction_of(o.record, cluster, clusters)
+        except InputError as exc:
+            if cluster and cluster not in clusters:  # the cluster asked for does not load
+                raise
+            notes.append(f"{o.path.name}: not predicted ({exc})")
+            continue
+        except Exception as exc:
+            notes.append(f"{o.path.name}: not predicted ({type(exc).__name__}: {exc})")
+            continue
         o.prediction_source = source
-        gpus = o.gpus
-        o.predicted = {
-            m.key: _finite(pred.get(m.predicted)) if m.predicted else None for m in METRICS
-        }
-        if o.predicted.get("tokens_per_s_per_gpu") is None and gpus:
-            o.predicted["tokens_per_s_per_gpu"] = _div(_finite(pred.get("tokens_per_s")), gpus)
+        o.predicted = {m.key: _finite(pred.get(m.key)) for m in METRICS}
     return notes
 
 
@@ -311,7 +266,7 @@ def unmeasured_reasons(obs: Sequence[Observation]) -> dict[str, str]:
     reasons: dict[str, str] = {}
     note_keys = {
         "mfu": "mfu",
-        "power_w_per_gpu": "energy_j",
+        "power_w_per_gpu": "power_w_per_gpu",
         "tokens_per_j": "energy_j",
         "exposed_comm_fraction": "exposed_comm",
     }

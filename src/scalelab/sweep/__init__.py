@@ -1,12 +1,13 @@
 """`scalelab sweep`: run a grid of `scalelab bench` points locally or on SLURM, resumably.
 
-`spec` reads the sweep file and expands it into points with stable ids, `executors` runs points
-(local torchrun subprocesses, or SLURM jobs through submitit), `run` skips what is done, runs
+`schema` reads the sweep file, `plan` expands it into points (a `BenchJob` each, with a stable
+id), `executors` runs points' jobs (local torchrun subprocesses, or SLURM jobs through submitit), `run` skips what is done, runs
 the rest and records every outcome.
 """
 
+from scalelab.sweep.plan import Point, expand
 from scalelab.sweep.run import PointStatus, Progress, SweepResult, run_sweep
-from scalelab.sweep.spec import Point, SweepFile, expand, load_sweep
+from scalelab.sweep.schema import SweepFile, load_sweep
 
 __all__ = [
     "Point",

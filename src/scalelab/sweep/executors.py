@@ -1,11 +1,12 @@
 """Where a sweep's points run: `local` (torchrun on this machine) or `slurm` (one job per point).
 
-Both run `scalelab bench` for a point with the point's record name and tags in `SCALELAB_RUN_*`,
-so the record lands at `<out>/<point.name>.json`, written atomically by the harness. An executor
-only starts points and says when each has ended; `run.py` reads the records.
+Both run a point's `BenchJob` (`point.job_for(out, ...)`: the point's record name and tags as the
+run's identity), so the record lands at `<out>/<point.name>.json`, written atomically by the
+harness. An executor only starts points and says when each has ended; `run.py` reads the records.
 
-`local` starts each point as a subprocess (`scalelab bench --nproc-per-node G`, which launches
-torchrun itself), in its own process group so that an interrupted sweep can end the whole point
+`local` writes each point's job to `<out>/.sweep/jobs/<point.name>.job` and starts it as a
+subprocess (`python -m scalelab.measure.launch JOB`, which starts torchrun when the point has
+several processes), with the harness's child environment, in its own process group so that an interrupted sweep can end the whole point
 with SIGKILL, leaving no record rather than a failed one. `slurm` submits each point through
 submitit as a job of `nodes` nodes, one task per node; each task starts torchrun with a c10d
 rendezvous on the first host of the job (`--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID
@@ -31,14 +32,16 @@ from typing import IO, Any, Protocol
 
 from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
+from scalelab.measure.launch import child_env
 from scalelab.results import utc_now
+from scalelab.sweep.plan import Point
+from scalelab.sweep.schema import SlurmOptions, check_slurm_value
 from scalelab.sweep.slurm_state import (
     ENDED,
     accounting_error,
     squeue_watcher,
     stopped_state_from_log,
 )
-from scalelab.sweep.spec import Point, SlurmOptions, bench_args, check_slurm_value
 
 STATE_DIR = ".sweep"  # hidden: record loaders skip it
 
@@ -66,23 +69,6 @@ class Executor(Protocol):
     def run(
         self, points: Sequence[Point], out: Path, started: Started, ended: Finished
     ) -> None: ...
-
-
-def scalelab_src() -> str:
-    """The folder this scalelab is imported from, for the PYTHONPATH of every child process."""
-    return str(Path(__file__).resolve().parents[2])
-
-
-def point_env(point: Point, created_utc: str) -> dict[str, str]:
-    """The environment that gives a bench run the point's identity, tags and settings."""
-    env = dict(point.env)
-    env.update(
-        SCALELAB_RUN_ID=point.id,
-        SCALELAB_RUN_CREATED=created_utc,
-        SCALELAB_RUN_NAME=point.name,
-        SCALELAB_RUN_TAGS=json.dumps(point.tags(), sort_keys=True),
-    )
-    return env
 
 
 def _die_with_parent() -> None:
@@ -116,7 +102,12 @@ class LocalExecutor:
                 )
 
     def command(self, point: Point, out: Path) -> list[str]:
-        return [sys.executable, "-m", "scalelab", *bench_args(point, out)]
+        """Write the point's job file; the command that runs it."""
+        from scalelab.measure.job import JOB_SUFFIX, write_job
+
+        job_file = out / STATE_DIR / "jobs" / f"{point.name}{JOB_SUFFIX}"
+        write_job(point.job_for(out, utc_now()), job_file)
+        return [sys.executable, "-m", "scalelab.measure.launch", str(job_file)]
 
     def run(self, points: Sequence[Point], out: Path, started: Started, ended: Finished) -> None:
         logs = out / STATE_DIR / "logs"
@@ -127,13 +118,7 @@ class LocalExecutor:
             while queue or running:
                 while queue and len(running) < self.max_parallel:
                     point = queue.popleft()
-                    env = dict(os.environ)
-                    env.update(point_env(point, utc_now()))
-                    src = scalelab_src()
-                    env["PYTHONPATH"] = os.pathsep.join(
-                        p for p in (src, env.get("PYTHONPATH", "")) if p
-                    )
-                    env.setdefault("OMP_NUM_THREADS", "1")
+                    env = child_env(point.env)
                     log = logs / f"{point.name}.log"
                     fh: IO[bytes] = open(log, "ab")  # noqa: SIM115 (closed when the point ends)
                     proc = subprocess.Popen(
@@ -207,33 +192,26 @@ def run_point_on_node(point_json: str, out: str, port: int | None) -> dict[str, 
     Starts torchrun with a c10d rendezvous on the job's first host; the first node writes a
     failed record if the job ends badly without one (the harness names the rank that died).
     """
+    import tempfile
+
     import submitit
 
-    from scalelab.config.catalog import load_model
-    from scalelab.config.layout import Layout
-    from scalelab.measure.launch import RunIdentity, base_record, launch
+    from scalelab.measure.job import JOB_SUFFIX
+    from scalelab.measure.launch import launch
+    from scalelab.measure.record import base_record
 
     point = Point.model_validate_json(point_json)
-    job = submitit.JobEnvironment()
-    nnodes, node = int(job.num_nodes), int(job.node)
-    torchrun_args = rendezvous(nnodes, node, list(job.hostnames), str(job.job_id), port)
+    env = submitit.JobEnvironment()
+    nnodes, node = int(env.num_nodes), int(env.node)
+    torchrun_args = rendezvous(nnodes, node, list(env.hostnames), str(env.job_id), port)
     os.environ.update(point.env)
-    identity = RunIdentity(point.id, utc_now(), point.name, point.tags())
-    failed = None
-    if node == 0:
-        from scalelab.measure.config import BenchOptions
-
-        options = BenchOptions(**point.bench, out_dir=out)
-        failed = base_record(
-            identity,
-            load_model(point.model),
-            Layout(**point.layout),
-            options,
-            point.cluster,
-            "failed",
-        )
-    argv = bench_args(point, out)
-    rc, path = launch(argv, point.gpus_per_node, identity, Path(out), failed, torchrun_args)
+    job = point.job_for(out, utc_now())
+    assert job.identity is not None
+    # The first node speaks for the job when it ends without a record of its own.
+    failed = base_record(job, job.identity, "failed") if node == 0 else None
+    with tempfile.TemporaryDirectory(prefix="scalelab-job-") as folder:
+        job_file = Path(folder) / f"{point.name}{JOB_SUFFIX}"
+        rc, path = launch(job, job_file, failed, torchrun_args)
     return {"node": node, "returncode": rc, "record": str(path) if path else None}
 
 

@@ -30,9 +30,10 @@ from typing import Any, Literal
 
 from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
+from scalelab.measure.record import SECONDARY_NOTE, base_record
 from scalelab.results import RECORD_SUFFIX, Record, load_record, utc_now, write_record
 from scalelab.sweep.executors import STATE_DIR, Ended, Executor
-from scalelab.sweep.spec import Point
+from scalelab.sweep.plan import Point
 
 State = Literal["ok", "failed", "oom", "pending", "running", "interrupted"]
 _TERMINATED = "TerminatedError"
@@ -124,8 +125,6 @@ def record_path(out: Path, point: Point) -> Path:
 
 def stopped_from_outside(record: Record) -> bool:
     """A failed record whose only error is that its ranks were terminated (SIGTERM)."""
-    from scalelab.measure.launch import SECONDARY_NOTE
-
     return (
         record.status == "failed"
         and record.notes.get("error") == SECONDARY_NOTE
@@ -210,26 +209,28 @@ def write_plan(out: Path, sweep_name: str, points: Sequence[Point]) -> Path:
     return atomic_write_text(out / STATE_DIR / "plan.json", json.dumps(doc, indent=1) + "\n")
 
 
-def failed_record(point: Point, error: str) -> Record:
+def failed_record(point: Point, out: Path, error: str) -> Record:
     """The record of a point whose run ended without writing one itself."""
-    return Record(
-        kind="bench",
-        run_id=point.id,
-        name=point.name,
-        created_utc=utc_now(),
-        status="failed",
-        error=error,
-        workload={
-            "model": point.model_name,
-            "seq_len": point.layout["seq_len"],
-            "global_batch": point.layout["global_batch"],
-            "tokens_per_step": point.layout["global_batch"] * point.layout["seq_len"],
-            **{k: point.bench[k] for k in ("steps", "warmup", "repeats", "seed")},
-            "tags": point.tags(),
-        },
-        layout=point.layout,
-        cluster=point.cluster,
-    )
+    job = point.job_for(out, utc_now())
+    assert job.identity is not None
+    return base_record(job, job.identity, "failed", error)
+
+
+def add_prediction(path: Path, point: Point) -> str | None:
+    """`predict: true`: the predictor's numbers beside an ok record (on the record's cluster,
+    else h100-ib, as `bench --predict`); returns why not, if it could not."""
+    from scalelab.config.catalog import load_cluster
+    from scalelab.predicted import attach_prediction, predictor_available
+
+    if not predictor_available():
+        return "the predictor is not available in this install"
+    record = load_record(path)
+    try:
+        cluster = load_cluster(record.cluster or point.cluster or "h100-ib")
+    except InputError as exc:
+        return f"no prediction: {exc}"
+    write_record(attach_prediction(record, cluster), path.parent)
+    return None
 
 
 def run_sweep(
@@ -304,6 +305,8 @@ def _settle(out: Path, s: PointStatus, e: Ended) -> None:
             return
         s.state, s.record = record.status, path
         s.detail = "" if record.status == "ok" else (record.error or e.detail)
+        if record.status == "ok" and s.point.bench.predict and record.prediction is None:
+            s.detail = add_prediction(path, s.point) or ""
         return
     if e.interrupted:
         s.state, s.detail = "interrupted", f"{e.detail}; runs again"
@@ -311,5 +314,5 @@ def _settle(out: Path, s: PointStatus, e: Ended) -> None:
     log = f"; log: {e.log}" if e.log else ""
     error = f"the run ended ({e.detail}) without writing a record{log}"
     with contextlib.suppress(FileExistsError):
-        write_record(failed_record(s.point, error), out, overwrite=False)
+        write_record(failed_record(s.point, out, error), out, overwrite=False)
     s.state, s.record, s.detail = "failed", path, error

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from scalelab.cli import main
-from scalelab.sweep.spec import bench_args, expand, load_sweep
+from scalelab.sweep.plan import expand
+from scalelab.sweep.schema import load_sweep
 from tests.sweep.conftest import EXAMPLES, TINY_SWEEP, write_sweep
 
 
@@ -22,7 +23,7 @@ def test_tiny_sweep_expands_to_models_x_gpus_with_stable_ids(tmp_path: Path) -> 
         ("llama-tiny", 1), ("llama-tiny", 2), ("llama-tiny2", 1), ("llama-tiny2", 2),
     ]  # fmt: skip
     assert len({p.id for p in points}) == 4
-    assert all(p.layout["global_batch"] == 2 * p.gpus for p in points)  # weak scaling
+    assert all(p.layout.global_batch == 2 * p.gpus for p in points)  # weak scaling
     # The same description gives the same ids, wherever the sweep file lives.
     again = _points(tmp_path / "elsewhere", TINY_SWEEP)
     assert [p.id for p in again] == [p.id for p in points]
@@ -34,11 +35,11 @@ def test_tiny_sweep_expands_to_models_x_gpus_with_stable_ids(tmp_path: Path) -> 
         tmp_path / "c", TINY_SWEEP.replace("repeats: 2}", "repeats: 2, timeout_s: 60}")
     )
     assert [p.id for p in timeout] == [p.id for p in points]
-    # The model file is resolved beside the sweep file, and bench gets every setting.
-    args = bench_args(points[2], "/out")
-    assert args[1] == str((tmp_path / "llama-tiny2.yaml").resolve())
-    for flag, value in (("--nproc-per-node", "1"), ("--steps", "2"), ("--repeats", "2")):
-        assert args[args.index(flag) + 1] == value
+    # The model file is resolved beside the sweep file, and the job gets every setting.
+    assert points[2].model == str((tmp_path / "llama-tiny2.yaml").resolve())
+    job = points[2].job
+    assert job.model.name == "llama-tiny2" and job.nproc_per_node == 1
+    assert (job.options.steps, job.options.repeats) == (2, 2)
     assert points[0].tags()["series"] == ["fsdp"]
 
 
@@ -69,8 +70,8 @@ layouts:
         at = [p for p in points if p.nodes == nodes]
         series = [s for p in at for s in p.series]
         assert "fsdp" in series and "best-1" in series and "best-2" in series
-        assert all(p.layout["gpus"] == 8 * nodes and p.layout["pp"] == 1 for p in at)
-        assert all(p.layout["precision"] == "bf16" for p in at)  # what bench runs
+        assert all(p.layout.gpus == 8 * nodes and p.layout.pp == 1 for p in at)
+        assert all(p.layout.precision == "bf16" for p in at)  # what bench runs
 
 
 @pytest.mark.parametrize(
@@ -132,9 +133,9 @@ def test_readme_weak_scaling_grid(tmp_path: Path) -> None:
     for n in nodes:
         at = [p for p in points if p.nodes == n]
         assert {s for p in at for s in p.series} == {"fsdp", "best-1", "best-2"}
-        assert all(p.gpus == 8 * n and p.layout["global_batch"] == 8 * n for p in at)
-        assert all(p.layout["seq_len"] == 4096 for p in at)
+        assert all(p.gpus == 8 * n and p.layout.global_batch == 8 * n for p in at)
+        assert all(p.layout.seq_len == 4096 for p in at)
         fsdp = next(p for p in at if "fsdp" in p.series)
-        assert (fsdp.layout["sharding"], fsdp.layout["tp"], fsdp.layout["pp"]) == ("fsdp", 1, 1)
-    assert all(p.bench["steps"] == 50 and p.bench["repeats"] == 3 for p in points)
+        assert (fsdp.layout.sharding, fsdp.layout.tp, fsdp.layout.pp) == ("fsdp", 1, 1)
+    assert all(p.bench.steps == 50 and p.bench.repeats == 3 for p in points)
     assert sweep.slurm.partition == "h100" and sweep.slurm.setup
