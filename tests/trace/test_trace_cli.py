@@ -45,14 +45,14 @@ def test_json_output_has_the_reference_numbers(capsys: pytest.CaptureFixture[str
     document = json.loads(out)
     (rank,) = document["ranks"]
     total = rank["total"]
-    assert (total["comm_us"], total["overlap_us"], total["exposed_comm_us"]) == (
-        46_864,
-        7_196,
-        39_668,
+    assert (total["comm_ns"], total["overlap_ns"], total["exposed_comm_ns"]) == (
+        46_876_493,
+        7_317_025,
+        39_559_468,
     )
-    assert total["overlap_pct"] == 15.36
+    assert total["overlap_pct"] == 15.61
     assert [s["step"] for s in rank["steps"]] == [4, 5, 6]
-    assert sum(s["exposed_comm_us"] for s in rank["steps"]) == 39_668
+    assert sum(s["exposed_comm_ns"] for s in rank["steps"]) == 39_559_468
     assert total["collectives"]["AllReduce"]["count"] == 15
     assert document["summary"]["n_ranks"] == 1
 

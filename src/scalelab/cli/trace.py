@@ -53,7 +53,7 @@ def trace(
     GPU traces: NCCL/RCCL kernels are communication, other kernels compute, memcpy/memset neither.
     CPU (gloo) traces: gloo collectives are communication, host operators compute.
 
-    Exposed communication is communication with no compute running. Tables in ms; --json in µs.
+    Exposed communication is communication with no compute running. Tables in ms; --json in integer ns.
     """
     report = analyze(paths, keep_intervals=plot is not None)
     written: list[Path] = []
@@ -71,8 +71,8 @@ def trace(
         console.print(f"wrote {path}")
 
 
-def _ms(us: int | float) -> str:
-    return f"{us / 1000:,.3f}"
+def _ms(ns: int | float) -> str:
+    return f"{ns / 1e6:,.3f}"
 
 
 def _pct(value: float | None) -> str:
@@ -88,13 +88,13 @@ _COLUMNS = ("wall ms", "compute ms", "comm ms", "overlap ms", "exposed ms", "ove
 
 def _cells(b: Breakdown) -> list[str]:
     return [
-        _ms(b.wall_us),
-        _ms(b.compute_us),
-        _ms(b.comm_us),
-        _ms(b.overlap_us),
-        _ms(b.exposed_comm_us),
+        _ms(b.wall_ns),
+        _ms(b.compute_ns),
+        _ms(b.comm_ns),
+        _ms(b.overlap_ns),
+        _ms(b.exposed_comm_ns),
         _pct(b.overlap_pct),
-        _ms(b.idle_us),
+        _ms(b.idle_ns),
     ]
 
 
@@ -111,7 +111,7 @@ def _render(report: TraceReport, *, per_step: bool) -> None:
         coll.add_column(col, justify="left" if col == "collective" else "right")
     for r in report.ranks:
         for name, c in r.total.collectives.items():
-            coll.add_row(_rank(r), name, f"{c.count:,}", _ms(c.total_us), _ms(c.exposed_us))
+            coll.add_row(_rank(r), name, f"{c.count:,}", _ms(c.total_ns), _ms(c.exposed_ns))
     if coll.row_count:
         console.print(coll)
 
@@ -122,7 +122,7 @@ def _render(report: TraceReport, *, per_step: bool) -> None:
         for r in report.ranks:
             for s in r.steps:
                 steps.add_row(_rank(r), str(s.step), *_cells(s))
-            if r.steps and r.outside_steps.wall_us:
+            if r.steps and r.outside_steps.wall_ns:
                 steps.add_row(_rank(r), "outside", *_cells(r.outside_steps))
         console.print(steps)
 

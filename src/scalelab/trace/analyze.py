@@ -68,8 +68,8 @@ def analyze_file(
     windows = step_windows(timeline)
     sets = _Sets.of(timeline)
 
-    starts = [timeline.activity_start_us, windows.start_us]
-    ends = [timeline.activity_end_us, windows.end_us]
+    starts = [timeline.activity_start_ns, windows.start_ns]
+    ends = [timeline.activity_end_ns, windows.end_ns]
     first = min(int(a.min()) for a in starts if a.size)
     last = max(int(a.max()) for a in ends if a.size)
     total = _measure(sets, np.array([first]), np.array([last]), count_all=True)[0]
@@ -77,8 +77,8 @@ def analyze_file(
         b.as_step(int(n), int(s))
         for n, s, b in zip(
             windows.numbers,
-            windows.start_us,
-            _measure(sets, windows.start_us, windows.end_us),
+            windows.start_ns,
+            _measure(sets, windows.start_ns, windows.end_ns),
             strict=True,
         )
     ]
@@ -99,8 +99,8 @@ def analyze_file(
                 compute=sets.compute,
                 comm=sets.comm,
                 exposed_comm=sets.exposed,
-                first_us=first,
-                last_us=last,
+                first_ns=first,
+                last_ns=last,
             )
             if keep_intervals
             else None
@@ -126,13 +126,13 @@ class _Sets:
         collectives = []
         for code in np.unique(t.comm_collective).tolist():
             mine = t.comm_collective == code
-            union = IntervalSet.union_of(t.comm_start_us[mine], t.comm_end_us[mine])
+            union = IntervalSet.union_of(t.comm_start_ns[mine], t.comm_end_ns[mine])
             collectives.append(
                 (
                     COLLECTIVES[code],
                     union,
                     union.difference(t.compute),
-                    np.sort(t.comm_start_us[mine]),
+                    np.sort(t.comm_start_ns[mine]),
                 )
             )
         return cls(
@@ -174,13 +174,13 @@ def _measure(
         }
         out.append(
             Breakdown(
-                wall_us=int(wall[i]),
-                compute_us=int(compute[i]),
-                comm_us=int(comm[i]),
-                overlap_us=int(overlap[i]),
-                exposed_comm_us=int(comm[i] - overlap[i]),
-                copy_only_us=int(copy_only[i]),
-                idle_us=int(wall[i] - busy[i]),
+                wall_ns=int(wall[i]),
+                compute_ns=int(compute[i]),
+                comm_ns=int(comm[i]),
+                overlap_ns=int(overlap[i]),
+                exposed_comm_ns=int(comm[i] - overlap[i]),
+                copy_only_ns=int(copy_only[i]),
+                idle_ns=int(wall[i] - busy[i]),
                 collectives=collectives,
             )
         )

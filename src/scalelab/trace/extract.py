@@ -3,8 +3,9 @@
 One pass over the events in Python sorts out device activity, launch calls, profiler steps and
 collective annotations (CPU traces take a second pass for host operators); fields are then pulled
 out with C-level iteration and everything after that is numpy.
-Timestamps are floored to whole microseconds (start = floor(ts), end = start + floor(dur)), the
-reference convention, which keeps all later arithmetic exact.
+Timestamps become integer nanoseconds (start = round(ts * 1000), end = start + round(dur * 1000)):
+traces write microseconds with up to three decimals (recent PyTorch and ROCm write nanosecond
+resolution), so nothing is lost, and integer arithmetic keeps every later sum exact.
 
 Two kinds of trace come out of it:
 
@@ -44,18 +45,18 @@ class Timeline:
     comm: IntervalSet
     copy: IntervalSet
     # Every communication event: its start, end and collective (an index into classify.COLLECTIVES).
-    comm_start_us: Int64Array
-    comm_end_us: Int64Array
+    comm_start_ns: Int64Array
+    comm_end_ns: Int64Array
     comm_collective: NDArray[np.int16]
     # Every analysed event (gpu: device events; cpu: compute and collective events), for step windows.
-    activity_start_us: Int64Array
-    activity_end_us: Int64Array
+    activity_start_ns: Int64Array
+    activity_end_ns: Int64Array
     # gpu: host time of the launch call of each device event (NaN where the trace does not link it).
     activity_launch_ts: NDArray[np.float64]
-    # Host `ProfilerStep#N` annotations: numbers and [start, end) in floored microseconds.
+    # Host `ProfilerStep#N` annotations: numbers and [start, end) in integer nanoseconds.
     step_numbers: Int64Array
-    step_start_us: Int64Array
-    step_end_us: Int64Array
+    step_start_ns: Int64Array
+    step_end_ns: Int64Array
     n_events: int
     n_lanes: int  # gpu: device streams with activity; cpu: threads that ran collectives
     notes: tuple[str, ...] = ()
@@ -160,7 +161,7 @@ def _extract(raw: RawTrace) -> Timeline:
         return _cpu_timeline(raw, cpu_colls, step_lanes, step_numbers, step_start, step_end)
 
     device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
-    start, end = _floor_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
+    start, end = _ns_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
     names = _column(kernels, "name", "", get)
     kind_of = {  # kernels are classified by name, once per distinct name
         name: classify.COMM
@@ -196,15 +197,15 @@ def _extract(raw: RawTrace) -> Timeline:
         compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
         comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
         copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
-        comm_start_us=start[comm_idx],
-        comm_end_us=end[comm_idx],
+        comm_start_ns=start[comm_idx],
+        comm_end_ns=end[comm_idx],
         comm_collective=collectives,
-        activity_start_us=start,
-        activity_end_us=end,
+        activity_start_ns=start,
+        activity_end_ns=end,
         activity_launch_ts=launch_ts,
         step_numbers=step_numbers,
-        step_start_us=step_start,
-        step_end_us=step_end,
+        step_start_ns=step_start,
+        step_end_ns=step_end,
         n_events=len(events),
         n_lanes=_count_lanes(device, get),
         notes=tuple(notes),
@@ -310,8 +311,8 @@ def _cpu_timeline(
     is_comm_op = np.fromiter(
         (classify.is_cpu_comm_op(op[4]) for op in host_ops), dtype=bool, count=len(host_ops)
     )
-    op_start, op_end = _floor_times([op[2] for op in host_ops], [op[3] for op in host_ops])
-    coll_start, coll_end = _floor_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
+    op_start, op_end = _ns_times([op[2] for op in host_ops], [op[3] for op in host_ops])
+    coll_start, coll_end = _ns_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
     on_driver = np.fromiter(
         ((c[0], c[1]) not in coll_lanes for c in cpu_colls), dtype=bool, count=len(cpu_colls)
     )
@@ -339,15 +340,15 @@ def _cpu_timeline(
         compute=compute,
         comm=IntervalSet.union_of(coll_start, coll_end),
         copy=IntervalSet.empty(),
-        comm_start_us=coll_start,
-        comm_end_us=coll_end,
+        comm_start_ns=coll_start,
+        comm_end_ns=coll_end,
         comm_collective=collectives,
-        activity_start_us=np.concatenate([op_start, coll_start]),
-        activity_end_us=np.concatenate([op_end, coll_end]),
+        activity_start_ns=np.concatenate([op_start, coll_start]),
+        activity_end_ns=np.concatenate([op_end, coll_end]),
         activity_launch_ts=np.full(op_start.size + coll_start.size, np.nan),
         step_numbers=step_numbers,
-        step_start_us=step_start,
-        step_end_us=step_end,
+        step_start_ns=step_start,
+        step_end_ns=step_end,
         n_events=len(raw.events),
         n_lanes=len(coll_lanes),
         notes=tuple(notes),
@@ -357,15 +358,27 @@ def _cpu_timeline(
 _COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-def _floor_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
-    """start = floor(ts), end = start + floor(dur) in integer microseconds; bad durations are 0."""
+def _ns_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
+    """start = round(ts * 1000), end = start + round(dur * 1000): microsecond floats to integer
+    nanoseconds; bad durations are 0."""
     ts_arr = np.asarray(ts, dtype=np.float64)
     if not np.isfinite(ts_arr).all():
         raise ValueError("a timestamp is not a finite number")
-    dur_arr = np.floor(np.asarray(dur, dtype=np.float64))
+    dur_arr = np.rint(np.asarray(dur, dtype=np.float64) * 1000.0)
     dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
-    start = np.floor(ts_arr).astype(np.int64)
+    start = us_to_ns(ts_arr)
     return start, start + dur_arr.astype(np.int64)
+
+
+def us_to_ns(ts: NDArray[np.float64]) -> Int64Array:
+    """Microsecond timestamps to integer nanoseconds, exactly: epoch-based Kineto timestamps
+    (~1.7e15 µs) times 1000 exceed a double's 53-bit mantissa, so the whole microseconds and the
+    fraction are converted apart."""
+    whole = np.floor(ts)
+    result: Int64Array = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(
+        np.int64
+    )
+    return result
 
 
 def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, Int64Array]:
@@ -379,7 +392,7 @@ def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, I
     if not numbered:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
-    start, end = _floor_times([s[1] for s in numbered], [s[2] for s in numbered])
+    start, end = _ns_times([s[1] for s in numbered], [s[2] for s in numbered])
     numbers = np.asarray([s[0] for s in numbered], dtype=np.int64)
     order = np.argsort(start, kind="stable")
     numbers, start, end = numbers[order], start[order], end[order]

@@ -1,6 +1,6 @@
 """The analyser's answer: per-rank, per-step time breakdowns and a summary across ranks.
 
-All times are integer microseconds (`*_us`), so that sums are exact: the steps of a rank plus its
+All times are integer nanoseconds (`*_ns`), so that sums are exact: the steps of a rank plus its
 `outside_steps` add up to its `total`, field by field. `to_dict()` gives plain JSON-ready data.
 """
 
@@ -17,13 +17,13 @@ StepSource = Literal["device", "host", "none"]
 
 # The additive time fields of a Breakdown, in display order.
 TIME_FIELDS = (
-    "wall_us",
-    "compute_us",
-    "comm_us",
-    "overlap_us",
-    "exposed_comm_us",
-    "copy_only_us",
-    "idle_us",
+    "wall_ns",
+    "compute_ns",
+    "comm_ns",
+    "overlap_ns",
+    "exposed_comm_ns",
+    "copy_only_ns",
+    "idle_ns",
 )
 
 
@@ -31,48 +31,48 @@ TIME_FIELDS = (
 class CollectiveStats:
     """One collective (AllReduce, AllGather, ...) in a window.
 
-    `count`: events that start in the window; `total_us`: length of the union of its events;
-    `exposed_us`: the part of that with no compute running. Collectives that run at the same time
+    `count`: events that start in the window; `total_ns`: length of the union of its events;
+    `exposed_ns`: the part of that with no compute running. Collectives that run at the same time
     (on different streams or threads) each count that time, so they can add up to more than the
-    window's `comm_us`.
+    window's `comm_ns`.
     """
 
     count: int
-    total_us: int
-    exposed_us: int
+    total_ns: int
+    exposed_ns: int
 
     def to_dict(self) -> dict[str, int]:
-        return {"count": self.count, "total_us": self.total_us, "exposed_us": self.exposed_us}
+        return {"count": self.count, "total_ns": self.total_ns, "exposed_ns": self.exposed_ns}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Breakdown:
     """Where the time of one window (a step, the whole trace, or the rest) went.
 
-    `compute_us`, `comm_us`: lengths of the unions of compute and of communication activity.
-    `overlap_us`: communication while compute runs. `exposed_comm_us` = comm - overlap: communication
-    with no compute running. `copy_only_us`: memcpy/memset with neither running. `idle_us`: nothing
+    `compute_ns`, `comm_ns`: lengths of the unions of compute and of communication activity.
+    `overlap_ns`: communication while compute runs. `exposed_comm_ns` = comm - overlap: communication
+    with no compute running. `copy_only_ns`: memcpy/memset with neither running. `idle_ns`: nothing
     running. compute + exposed_comm + copy_only + idle = wall, exactly.
     """
 
-    wall_us: int
-    compute_us: int
-    comm_us: int
-    overlap_us: int
-    exposed_comm_us: int
-    copy_only_us: int
-    idle_us: int
+    wall_ns: int
+    compute_ns: int
+    comm_ns: int
+    overlap_ns: int
+    exposed_comm_ns: int
+    copy_only_ns: int
+    idle_ns: int
     collectives: dict[str, CollectiveStats] = field(default_factory=dict)
 
     @property
     def overlap_pct(self) -> float | None:
         """Share of communication hidden under compute; None without communication."""
-        return 100.0 * self.overlap_us / self.comm_us if self.comm_us else None
+        return 100.0 * self.overlap_ns / self.comm_ns if self.comm_ns else None
 
     @property
     def exposed_comm_pct_of_wall(self) -> float | None:
         """Share of the window lost to exposed communication; None for an empty window."""
-        return 100.0 * self.exposed_comm_us / self.wall_us if self.wall_us else None
+        return 100.0 * self.exposed_comm_ns / self.wall_ns if self.wall_ns else None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in TIME_FIELDS}
@@ -81,18 +81,18 @@ class Breakdown:
         out["collectives"] = {name: c.to_dict() for name, c in self.collectives.items()}
         return out
 
-    def as_step(self, step: int, start_us: int) -> StepBreakdown:
-        """The same numbers as the breakdown of profiler step `step` starting at `start_us`."""
+    def as_step(self, step: int, start_ns: int) -> StepBreakdown:
+        """The same numbers as the breakdown of profiler step `step` starting at `start_ns`."""
         return StepBreakdown(
             step=step,
-            start_us=start_us,
-            wall_us=self.wall_us,
-            compute_us=self.compute_us,
-            comm_us=self.comm_us,
-            overlap_us=self.overlap_us,
-            exposed_comm_us=self.exposed_comm_us,
-            copy_only_us=self.copy_only_us,
-            idle_us=self.idle_us,
+            start_ns=start_ns,
+            wall_ns=self.wall_ns,
+            compute_ns=self.compute_ns,
+            comm_ns=self.comm_ns,
+            overlap_ns=self.overlap_ns,
+            exposed_comm_ns=self.exposed_comm_ns,
+            copy_only_ns=self.copy_only_ns,
+            idle_ns=self.idle_ns,
             collectives=self.collectives,
         )
 
@@ -116,8 +116,8 @@ def _add(a: Breakdown, b: Breakdown, sign: int) -> Breakdown:
         x, y = a.collectives.get(name, zero), b.collectives.get(name, zero)
         combined = CollectiveStats(
             x.count + sign * y.count,
-            x.total_us + sign * y.total_us,
-            x.exposed_us + sign * y.exposed_us,
+            x.total_ns + sign * y.total_ns,
+            x.exposed_ns + sign * y.exposed_ns,
         )
         if combined != zero:
             collectives[name] = combined
@@ -127,26 +127,26 @@ def _add(a: Breakdown, b: Breakdown, sign: int) -> Breakdown:
 def _make(values: list[int], collectives: dict[str, CollectiveStats]) -> Breakdown:
     wall, compute, comm, overlap, exposed, copy_only, idle = values
     return Breakdown(
-        wall_us=wall,
-        compute_us=compute,
-        comm_us=comm,
-        overlap_us=overlap,
-        exposed_comm_us=exposed,
-        copy_only_us=copy_only,
-        idle_us=idle,
+        wall_ns=wall,
+        compute_ns=compute,
+        comm_ns=comm,
+        overlap_ns=overlap,
+        exposed_comm_ns=exposed,
+        copy_only_ns=copy_only,
+        idle_ns=idle,
         collectives=collectives,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepBreakdown(Breakdown):
-    """One profiler step: `ProfilerStep#<step>`, its window starting at `start_us`."""
+    """One profiler step: `ProfilerStep#<step>`, its window starting at `start_ns`."""
 
     step: int
-    start_us: int
+    start_ns: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "start_us": self.start_us, **super().to_dict()}
+        return {"step": self.step, "start_ns": self.start_ns, **super().to_dict()}
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,8 @@ class RankIntervals:
     compute: IntervalSet
     comm: IntervalSet
     exposed_comm: IntervalSet
-    first_us: int
-    last_us: int
+    first_ns: int
+    last_ns: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +218,7 @@ class MetricSummary:
 @dataclass(frozen=True, kw_only=True)
 class Summary:
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
-    has steps, else its whole trace. The slowest rank is the one with the largest `wall_us`."""
+    has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`."""
 
     basis: Literal["mean per step", "whole trace"]
     n_ranks: int
@@ -245,8 +245,8 @@ class TraceReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "scalelab.trace/1",
-            "units": "microseconds (integers) unless the name ends in _pct",
+            "schema": "scalelab.trace/2",
+            "units": "nanoseconds (integers) where the name ends in _ns",
             "ranks": [r.to_dict() for r in self.ranks],
             "summary": self.summary.to_dict(),
         }
@@ -266,7 +266,7 @@ def summarise(ranks: list[RankReport]) -> Summary:
     for name, vals in values.items():
         i = max(range(len(vals)), key=vals.__getitem__)
         metrics[name] = MetricSummary(sum(vals) / len(vals), vals[i], ranks[i].rank, ranks[i].file)
-    slowest = max(range(len(ranks)), key=values["wall_us"].__getitem__)
+    slowest = max(range(len(ranks)), key=values["wall_ns"].__getitem__)
     return Summary(
         basis="mean per step" if per_step else "whole trace",
         n_ranks=len(ranks),
