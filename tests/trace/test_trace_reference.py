@@ -72,6 +72,7 @@ def test_steps_and_the_rest_partition_the_trace(name: str) -> None:
     # What lies outside the steps is a real (non-negative) remainder, not a balancing figure.
     assert all(getattr(rank.outside_steps, f) >= 0 for f in TIME_FIELDS)
     assert Breakdown.sum([*rank.steps, rank.outside_steps]) == rank.total
+    assert Breakdown.sum([rank.before_steps, rank.after_steps]) == rank.outside_steps
     for part in [*rank.steps, rank.total, rank.outside_steps]:
         # The four disjoint states of a moment add up to the window.
         assert (

@@ -21,7 +21,7 @@ from scalelab.trace.report import (
     TraceReport,
     summarise,
 )
-from scalelab.trace.steps import step_windows
+from scalelab.trace.steps import StepWindows, step_windows
 
 
 def analyze(
@@ -73,6 +73,15 @@ def analyze_file(
     first = min(int(a.min()) for a in starts if a.size)
     last = max(int(a.max()) for a in ends if a.size)
     total = _measure(sets, np.array([first]), np.array([last]), count_all=True)[0]
+    if windows.numbers.size:
+        first_step, last_step = int(windows.start_ns[0]), int(windows.end_ns[-1])
+        before, after = _measure(
+            sets,
+            np.array([first, max(last_step, first)]),
+            np.array([min(first_step, last), last]),
+        )
+    else:
+        before = after = Breakdown.sum([])
     steps = [
         b.as_step(int(n), int(s))
         for n, s, b in zip(
@@ -93,6 +102,9 @@ def analyze_file(
         total=total,
         steps=steps,
         outside_steps=total.minus(Breakdown.sum(list(steps))),
+        before_steps=before,
+        after_steps=after,
+        launched_before_profiling=_launched_before_profiling(timeline, windows),
         notes=list(timeline.notes),
         intervals=(
             RankIntervals(
@@ -106,6 +118,18 @@ def analyze_file(
             else None
         ),
     )
+
+
+def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
+    """Device events whose launch call is not in the trace (the host launched them before the
+    profiler started) and that start before the first step: work of earlier steps."""
+    device = timeline.device
+    if device is None or windows.numbers.size == 0:
+        return 0
+    unlinked = device.launch_start_ns < 0
+    if unlinked.all():  # a trace without launch links at all says nothing about this
+        return 0
+    return int((unlinked & (timeline.activity_start_ns < windows.start_ns[0])).sum())
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,13 @@ class RankReport:
     total: Breakdown
     steps: list[StepBreakdown]
     outside_steps: Breakdown
+    # outside_steps = before_steps + after_steps: device work before the first step's window
+    # (on a GPU, mostly kernels of earlier steps still running when the profiler started) and
+    # after the last one.
+    before_steps: Breakdown = field(default_factory=lambda: Breakdown.sum([]))
+    after_steps: Breakdown = field(default_factory=lambda: Breakdown.sum([]))
+    # Device events whose launch is not in the trace, starting before the first step.
+    launched_before_profiling: int = 0
     notes: list[str] = field(default_factory=list)
     intervals: RankIntervals | None = field(default=None, repr=False, compare=False)
 
@@ -194,6 +201,9 @@ class RankReport:
             "total": self.total.to_dict(),
             "steps": [s.to_dict() for s in self.steps],
             "outside_steps": self.outside_steps.to_dict(),
+            "before_steps": self.before_steps.to_dict(),
+            "after_steps": self.after_steps.to_dict(),
+            "launched_before_profiling": self.launched_before_profiling,
         }
 
 
