@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
 from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.kernels import kernel_report
 from scalelab.trace.load import Parser, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
@@ -22,6 +24,7 @@ from scalelab.trace.report import (
     summarise,
 )
 from scalelab.trace.steps import StepWindows, step_windows
+from scalelab.trace.stragglers import StragglerReport, find_stragglers
 
 
 def analyze(
@@ -41,7 +44,37 @@ def analyze(
     files = find_trace_files(items)
     ranks = [analyze_file(f, keep_intervals=keep_intervals, parser=parser) for f in files]
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
-    return TraceReport(ranks=ranks, summary=summarise(ranks))
+    stragglers = _stragglers(ranks)
+    if (
+        stragglers is not None
+    ):  # waits are now known: bandwidth from the time after the last arrival
+        ranks = [
+            replace(r, bandwidth=bandwidth_rows(r.comm_ops)) if r.comm_ops is not None else r
+            for r in ranks
+        ]
+    return TraceReport(
+        ranks=ranks,
+        summary=summarise(ranks, straggler=None if stragglers is None else stragglers.straggler),
+        stragglers=stragglers,
+    )
+
+
+def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
+    """Cross-rank matching, for ranks that say who they are (one trace per rank)."""
+    known = [r for r in ranks if r.rank is not None and r.comm_ops is not None]
+    ids = [r.rank for r in known]
+    if len(known) < 2 or len(set(ids)) != len(ids):
+        return None
+    ops = {int(r.rank): r.comm_ops for r in known if r.rank is not None and r.comm_ops}
+    steps = {
+        int(r.rank): (
+            np.asarray([s.step for s in r.steps], dtype=np.int64),
+            np.asarray([s.start_ns for s in r.steps], dtype=np.int64),
+        )
+        for r in known
+        if r.rank is not None
+    }
+    return find_stragglers(ops, steps)
 
 
 def analyze_file(
@@ -91,6 +124,7 @@ def analyze_file(
             strict=True,
         )
     ]
+    comm_ops = CommOps.of(timeline)
     return RankReport(
         path=str(path),
         rank=rank,
@@ -105,6 +139,9 @@ def analyze_file(
         before_steps=before,
         after_steps=after,
         launched_before_profiling=_launched_before_profiling(timeline, windows),
+        kernels=kernel_report(timeline, sets.compute, sets.comm),
+        bandwidth=bandwidth_rows(comm_ops),
+        comm_ops=comm_ops,
         notes=list(timeline.notes),
         intervals=(
             RankIntervals(

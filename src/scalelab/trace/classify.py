@@ -153,3 +153,62 @@ _KERNEL_MARKERS: Final = (
 def is_cpu_comm_op(name: str) -> bool:
     """A host operator that enqueues or waits for a collective (c10d, functional collectives)."""
     return name.startswith(CPU_COMM_OP_PREFIXES)
+
+
+# Kernel classes for the kernel breakdown. Name markers, matched on the lower-cased name in this
+# order (attention before GEMM: flash-attention kernels contain "gemm"-like words).
+KERNEL_CLASSES: Final = ("GEMM", "attention", "element-wise", "communication", "memory", "other")
+_CLASS_MARKERS: Final = (
+    (
+        "attention",
+        ("flash", "fmha", "attention", "attn", "sdpa", "mha_", "_mha", "paged_kv", "cudnn_mha"),
+    ),
+    (
+        "GEMM",
+        (
+            "gemm",
+            "xmma",
+            "cutlass",
+            "matmul",
+            "nvjet",
+            "cublas",
+            "gemv",
+            "cijk_",
+            "wgmma",
+            "hgemm",
+            "sgemm",
+            "dot_kernel",
+            "splitkreduce",
+        ),
+    ),
+    ("memory", ("memcpy", "memset", "copy_kernel", "copykernel", "cat_array", "fill_kernel")),
+    (
+        "element-wise",
+        (
+            "elementwise",
+            "element_wise",
+            "vectorized",
+            "pointwise",
+            "triton_poi",
+            "multi_tensor_apply",
+            "unrolled",
+            "activation",
+            "gelu",
+            "silu",
+            "relu",
+        ),
+    ),
+)
+
+
+def kernel_class(name: str, kind: int) -> str:
+    """The class of a device event: communication and copies by kind, kernels by name."""
+    if kind == COMM:
+        return "communication"
+    if kind == COPY:
+        return "memory"
+    lower = name.lower()
+    for cls, markers in _CLASS_MARKERS:
+        if any(m in lower for m in markers):
+            return cls
+    return "other"

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.collectives import BandwidthRow, CommOps
 from scalelab.trace.intervals import IntervalSet
+from scalelab.trace.kernels import KernelReport
+from scalelab.trace.stragglers import StragglerReport
 
 Mode = Literal["gpu", "cpu"]
 StepSource = Literal["device", "host", "none"]
@@ -182,7 +185,11 @@ class RankReport:
     # Device events whose launch is not in the trace, starting before the first step.
     launched_before_profiling: int = 0
     notes: list[str] = field(default_factory=list)
+    kernels: KernelReport | None = None  # gpu traces: kernel classes, idle causes, launches
+    # Collective bandwidth from the trace's own metadata (nccl-tests' definitions).
+    bandwidth: list[BandwidthRow] = field(default_factory=list)
     intervals: RankIntervals | None = field(default=None, repr=False, compare=False)
+    comm_ops: CommOps | None = field(default=None, repr=False, compare=False)
 
     @property
     def file(self) -> str:
@@ -204,6 +211,8 @@ class RankReport:
             "before_steps": self.before_steps.to_dict(),
             "after_steps": self.after_steps.to_dict(),
             "launched_before_profiling": self.launched_before_profiling,
+            "kernels": None if self.kernels is None else self.kernels.to_dict(),
+            "bandwidth": [b.to_dict() for b in self.bandwidth],
         }
 
 
@@ -228,18 +237,22 @@ class MetricSummary:
 @dataclass(frozen=True, kw_only=True)
 class Summary:
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
-    has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`."""
+    has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`: often
+    not the cause but a rank that waited; the straggler (the rank whose collectives start last,
+    see `stragglers`) is the cause, where ranks could be matched."""
 
     basis: Literal["mean per step", "whole trace"]
     n_ranks: int
     slowest_rank: int | None
     slowest_file: str
     metrics: dict[str, MetricSummary]
+    straggler_rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "basis": self.basis,
             "n_ranks": self.n_ranks,
+            "straggler_rank": self.straggler_rank,
             "slowest_rank": self.slowest_rank,
             "slowest_file": self.slowest_file,
             "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
@@ -252,17 +265,19 @@ class TraceReport:
 
     ranks: list[RankReport]
     summary: Summary
+    stragglers: StragglerReport | None = None  # two or more ranks with matched collectives
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": "scalelab.trace/2",
-            "units": "nanoseconds (integers) where the name ends in _ns",
+            "units": "nanoseconds (integers) where the name ends in _ns; GB/s = 1e9 bytes/s",
             "ranks": [r.to_dict() for r in self.ranks],
             "summary": self.summary.to_dict(),
+            "stragglers": None if self.stragglers is None else self.stragglers.to_dict(),
         }
 
 
-def summarise(ranks: list[RankReport]) -> Summary:
+def summarise(ranks: list[RankReport], *, straggler: int | None = None) -> Summary:
     """Mean and max of each time metric across ranks, and the slowest rank."""
     per_step = all(r.steps for r in ranks)
     values: dict[str, list[float]] = {name: [] for name in TIME_FIELDS}
@@ -283,6 +298,7 @@ def summarise(ranks: list[RankReport]) -> Summary:
         slowest_rank=ranks[slowest].rank,
         slowest_file=ranks[slowest].file,
         metrics=metrics,
+        straggler_rank=straggler,
     )
 
 
