@@ -116,3 +116,23 @@ def test_bandwidth_from_metadata_after_the_last_arrival(tmp_path: Path) -> None:
     (row,) = alone.bandwidth
     assert row.time_median_ns == 90 * US
     assert row.busbw_gbps == pytest.approx(4e6 / 90e-6 / 1e9 * 1.5)
+
+
+def test_straggler_command_json_and_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from scalelab.cli import main
+
+    for rank in range(4):
+        _rank_trace(tmp_path, rank, with_seq=False)
+    main(["trace", str(tmp_path), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert document["stragglers"]["straggler"] == 2
+    assert [s["straggler"] for s in document["stragglers"]["steps"]] == [2, 2]
+    main(["trace", str(tmp_path), "--stragglers", "--plot", str(tmp_path / "png")])
+    out = capsys.readouterr().out
+    assert "straggler: rank 2" in out and "arrival lag per rank" in out
+    png = tmp_path / "png" / "stragglers.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -139,7 +139,9 @@ def analyze_file(
         before_steps=before,
         after_steps=after,
         launched_before_profiling=_launched_before_profiling(timeline, windows),
-        kernels=kernel_report(timeline, sets.compute, sets.comm),
+        kernels=kernel_report(
+            timeline, sets.compute, sets.comm, windows.numbers, windows.start_ns, windows.end_ns
+        ),
         bandwidth=bandwidth_rows(comm_ops),
         comm_ops=comm_ops,
         notes=list(timeline.notes),

@@ -207,7 +207,7 @@ def kernel_class(name: str, kind: int) -> str:
         return "communication"
     if kind == COPY:
         return "memory"
-    lower = name.lower()
+    lower = name.lower().replace("codegen", "")  # fbgemm's split_embedding_codegen_...: no GEMM
     for cls, markers in _CLASS_MARKERS:
         if any(m in lower for m in markers):
             return cls

@@ -150,7 +150,9 @@ class KernelReport:
     annotations: list[AnnotationStat]
     streams: list[StreamIdle]
     launches: LaunchStats
-    class_of_event: np.ndarray = field(repr=False, compare=False)  # class index per device event
+    # Per profiler step: summed kernel time of each compute class (GEMM, attention, element-wise,
+    # other), kernels assigned to the step window they start in.
+    compute_class_ns_by_step: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def idle_by_cause(self) -> dict[str, int]:
@@ -170,7 +172,14 @@ class KernelReport:
         }
 
 
-def kernel_report(t: Timeline, compute: IntervalSet, comm: IntervalSet) -> KernelReport | None:
+def kernel_report(
+    t: Timeline,
+    compute: IntervalSet,
+    comm: IntervalSet,
+    step_numbers: Int64Array,
+    step_start_ns: Int64Array,
+    step_end_ns: Int64Array,
+) -> KernelReport | None:
     """The kernel view of a GPU trace's timeline; None for CPU traces."""
     d = t.device
     if d is None:
@@ -216,8 +225,36 @@ def kernel_report(t: Timeline, compute: IntervalSet, comm: IntervalSet) -> Kerne
         annotations=_annotations(t, compute, comm),
         streams=_stream_idle(t),
         launches=_launch_stats(t),
-        class_of_event=event_class,
+        compute_class_ns_by_step=_compute_classes_by_step(
+            start, dur, event_class, step_numbers, step_start_ns, step_end_ns
+        ),
     )
+
+
+COMPUTE_CLASSES = ("GEMM", "attention", "element-wise", "other")
+
+
+def _compute_classes_by_step(
+    start: Int64Array,
+    dur: Int64Array,
+    event_class: np.ndarray,
+    numbers: Int64Array,
+    lo: Int64Array,
+    hi: Int64Array,
+) -> dict[int, dict[str, int]]:
+    if numbers.size == 0:
+        return {}
+    step = np.searchsorted(lo, start, side="right") - 1
+    inside = step >= 0
+    inside[inside] = start[inside] < hi[step[inside]]
+    n_classes = len(classify.KERNEL_CLASSES)
+    table = np.zeros((numbers.size, n_classes), dtype=np.int64)
+    np.add.at(table, (step[inside], event_class[inside].astype(np.int64)), dur[inside])
+    wanted = [classify.KERNEL_CLASSES.index(c) for c in COMPUTE_CLASSES]
+    return {
+        int(n): {classify.KERNEL_CLASSES[c]: int(table[i, c]) for c in wanted}
+        for i, n in enumerate(numbers.tolist())
+    }
 
 
 def _annotations(t: Timeline, compute: IntervalSet, comm: IntervalSet) -> list[AnnotationStat]:

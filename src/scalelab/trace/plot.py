@@ -50,7 +50,53 @@ def plot_report(report: TraceReport, out_dir: str | Path, *, step: int | None = 
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+    straggler_png = plot_stragglers(report, out)
+    if straggler_png is not None:
+        written.append(straggler_png)
     return written
+
+
+def plot_stragglers(report: TraceReport, out_dir: str | Path) -> Path | None:
+    """stragglers.png: each rank's arrival lag at every matched collective (top) and the time
+    the others waited for each rank (bottom); None without matched collectives."""
+    s = report.stragglers
+    if s is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, (ax_lag, ax_cost) = plt.subplots(
+        2, 1, figsize=(11, 6.5), gridspec_kw={"height_ratios": [1.4, 1]}
+    )
+    ranks = [r.rank for r in s.ranks]
+    for rank in ranks:
+        xs, ys = [], []
+        for i, c in enumerate(s.collectives):
+            if rank in c.ranks:
+                xs.append(i)
+                ys.append(c.lag_ns[c.ranks.index(rank)] / 1e6)
+        ax_lag.plot(xs, ys, marker=".", linewidth=0.8, label=f"rank {rank}")
+    ax_lag.set_xlabel(f"matched collective (in time order, matched by {s.match})")
+    ax_lag.set_ylabel("arrival lag, ms\n(0 = arrived last)")
+    ax_lag.set_title(f"stragglers: rank {s.straggler} makes the others wait most")
+    if len(ranks) <= 16:
+        ax_lag.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    ax_cost.bar(
+        [str(r) for r in ranks],
+        [r.caused_ns / 1e6 for r in s.ranks],
+        color=[_COLORS["exposed communication"] if r == s.straggler else "#8c8c8c" for r in ranks],
+    )
+    ax_cost.set_xlabel("rank")
+    ax_cost.set_ylabel("others' waiting it caused, ms")
+    fig.tight_layout()
+    path = out / "stragglers.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _stem(file: str) -> str:
