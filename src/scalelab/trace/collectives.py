@@ -170,3 +170,38 @@ def bandwidth_rows(ops: CommOps) -> list[BandwidthRow]:
         )
     rows.sort(key=lambda r: (r.collective, r.group_size, r.nbytes))
     return rows
+
+
+@dataclass(frozen=True)
+class CollectiveObservation:
+    """One (collective, size, group size) from a trace, as `scalelab calibrate` takes a `comm`
+    record's row: `nbytes` sized as nccl-tests sizes it, `time_s` the median time."""
+
+    collective: str  # the predictor's name: all_reduce, all_gather, ...
+    nbytes: int
+    ranks: int
+    time_s: float
+    count: int
+    source: str
+
+
+def calibration_observations(report: Any) -> list[CollectiveObservation]:
+    """Every bandwidth row of every rank of a `TraceReport` whose collective the predictor
+    models, one observation each."""
+    out = []
+    for rank in report.ranks:
+        for row in rank.bandwidth:
+            name = PREDICTOR_NAME.get(row.collective)
+            if name is None:
+                continue
+            out.append(
+                CollectiveObservation(
+                    collective=name,
+                    nbytes=row.nbytes,
+                    ranks=row.group_size,
+                    time_s=row.time_median_ns * 1e-9,
+                    count=row.count,
+                    source=f"{rank.file} rank {rank.rank}",
+                )
+            )
+    return out
