@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, getitem, itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -183,6 +184,71 @@ def extract(raw: RawTrace) -> Timeline:
         raise _locate_bad_event(raw, exc) from None
 
 
+_Buckets = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
+
+
+def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) -> _Buckets:
+    """Sort events into kernels, copies, launch calls, device annotations and named host events
+    (profiler steps, host collectives), with C-level passes (map, compress) over the event list
+    instead of a Python loop: a few tens of nanoseconds per event and pass.
+
+    Kineto writes device events and launch calls as complete 'X' events only, so the category
+    alone decides; named events are those of other categories whose name starts with a prefix.
+    """
+    cats = (
+        list(map(attrgetter("cat"), events))
+        if typed
+        else list(map(dict.get, events, repeat("cat")))
+    )
+    # One small integer per event (0: other), then numpy finds each bucket's rows.
+    codes = np.fromiter(map(_CATEGORY_CODE.get, cats, repeat(0)), np.int8, len(cats))
+
+    def rows(code: int) -> list[Any]:
+        idx = np.flatnonzero(codes == code).tolist()
+        if not idx:
+            return []
+        if len(idx) == 1:
+            return [events[idx[0]]]
+        return list(itemgetter(*idx)(events))
+
+    others = rows(0)
+    if typed:
+        names: list[Any] = list(map(attrgetter("name"), others))
+    else:
+        names = list(map(dict.get, others, repeat("name")))
+    # A cheap first test on the names' first five characters (all prefixes' heads are distinct
+    # at five), then the exact one on the few that pass.
+    heads = {p[:5] for p in named_prefixes}
+    try:
+        flags = list(map(heads.__contains__, map(getitem, names, repeat(_HEAD))))
+    except TypeError:  # a name that is not a string (None, a number): the slow way
+        flags = [n.__class__ is str and n[:5] in heads for n in names]
+    named = [
+        ev
+        for ev, n in zip(compress(others, flags), compress(names, flags), strict=True)
+        if n.startswith(named_prefixes)
+    ]
+    return rows(1), rows(2), rows(3), rows(4), named
+
+
+_HEAD = slice(0, 5)
+
+
+_CATEGORY_CODE: dict[Any, int] = {
+    **dict.fromkeys(classify.KERNEL_CATEGORIES, 1),
+    **dict.fromkeys(classify.COPY_CATEGORIES, 2),
+    **dict.fromkeys(classify.RUNTIME_CATEGORIES, 3),
+    classify.GPU_ANNOTATION_CATEGORY: 4,
+    # Flow and instant events, never a profiler step or a collective annotation: skipped (5).
+    **dict.fromkeys(("ac2g", "async_cpu_to_gpu", "cpu_instant_event", "fwdbwd", "Trace"), 5),
+}
+
+
+_DEVICE_OR_LAUNCH = (
+    classify.KERNEL_CATEGORIES | classify.COPY_CATEGORIES | classify.RUNTIME_CATEGORIES
+)
+
+
 def _extract(raw: RawTrace) -> Timeline:
     events = raw.events
     n_events = len(events)
@@ -195,31 +261,10 @@ def _extract(raw: RawTrace) -> Timeline:
         *classify.CPU_COLLECTIVE_PREFIXES,
     )
 
-    # The hot loop only sorts events into buckets by category (Kineto writes device events and
-    # launch calls as complete 'X' events only); fields are pulled out per bucket afterwards with
-    # C-level map/itemgetter (attrgetter for typed events), much faster than event by event here.
-    kernels: list[Any] = []
-    copies: list[Any] = []
-    runtime: list[Any] = []
-    named: list[Any] = []
-    annotations: list[Any] = []
     gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
     get: Callable[..., Callable[[Any], Any]]
+    kernels, copies, runtime, annotations, named = _buckets(events, raw.typed, named_prefixes)
     if raw.typed:
-        for ev in events:
-            cat = ev.cat
-            if cat in kernel_categories:
-                kernels.append(ev)
-            elif cat in copy_categories:
-                copies.append(ev)
-            elif cat in runtime_categories:
-                runtime.append(ev)
-            elif cat == gpu_annotation:
-                annotations.append(ev)
-            else:
-                name = ev.name
-                if name is not None and name.startswith(named_prefixes):
-                    named.append(ev)
         from scalelab.trace import schema
 
         if not kernels and not copies:  # a CPU trace: its few host events, as dicts
@@ -231,23 +276,9 @@ def _extract(raw: RawTrace) -> Timeline:
             events = raw.events
             named = [ev for ev in events if ev.get("name", "").startswith(named_prefixes)]
         else:
-            named = [schema.as_dict(ev) for ev in named]
+            named = [schema.host_dict(ev) for ev in named]
         get = attrgetter
     else:
-        for ev in events:
-            cat = ev.get("cat")
-            if cat in kernel_categories:
-                kernels.append(ev)
-            elif cat in copy_categories:
-                copies.append(ev)
-            elif cat in runtime_categories:
-                runtime.append(ev)
-            elif cat == gpu_annotation:
-                annotations.append(ev)
-            else:
-                name = ev.get("name")
-                if name.__class__ is str and name.startswith(named_prefixes):
-                    named.append(ev)
         get = itemgetter
 
     named = [ev for ev in named if ev.get("ph") == "X"]
@@ -284,14 +315,10 @@ def _extract(raw: RawTrace) -> Timeline:
     start, end = _ns_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
     names = _column(kernels, "name", "", get)
     copy_names = _column(copies, "name", "", get)
-    name_index: dict[Any, int] = {}
-    for name in names:  # distinct kernel names first, in order of appearance
-        if name not in name_index:
-            name_index[name] = len(name_index)
-    n_kernel_names = len(name_index)
-    for name in copy_names:
-        if name not in name_index:
-            name_index[name] = len(name_index)
+    # Distinct names, kernels' first, in order of appearance (dict.fromkeys: at C level).
+    kernel_names = dict.fromkeys(names)
+    n_kernel_names = len(kernel_names)
+    name_index = {n: i for i, n in enumerate({**kernel_names, **dict.fromkeys(copy_names)})}
     name_id = np.fromiter(map(name_index.__getitem__, names + copy_names), np.int32, len(device))
     distinct = [str(n) if n is not None else "" for n in name_index]
     kind_of_name = np.fromiter(  # kernels are classified by name, once per distinct name
@@ -403,9 +430,15 @@ def _lanes(
         index: dict[Any, int] = {}
         lane = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
         return lane, tuple(f"{p}/{t}" for p, t in index)
-    pairs = np.stack([pid, tid], axis=1)
-    uniq, lane = np.unique(pairs, axis=0, return_inverse=True)
-    return lane.reshape(-1).astype(np.int64), tuple(f"{p}/{t}" for p, t in uniq.tolist())
+    if pid.size and (pid.min() < 0 or pid.max() >= 2**31 or tid.min() < 0 or tid.max() >= 2**32):
+        key = pid * 1_000_003 + tid  # odd ids: still one number per lane for practical values
+    else:
+        key = (pid << 32) | tid
+    uniq, first, lane = np.unique(key, return_index=True, return_inverse=True)
+    labels = tuple(
+        f"{p}/{t}" for p, t in zip(pid[first].tolist(), tid[first].tolist(), strict=True)
+    )
+    return lane.reshape(-1).astype(np.int64), labels
 
 
 # Kineto categories of device types the analyser does not model (their kernels, copies and

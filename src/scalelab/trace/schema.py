@@ -84,6 +84,19 @@ def args_dict(args: Args | None) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None and not (k == "correlation" and v < 0)}
 
 
+def host_dict(event: Event) -> dict[str, Any]:
+    """A host annotation (profiler step, host collective) as a dict: the fields read of it."""
+    return {
+        "ph": event.ph,
+        "cat": event.cat,
+        "name": event.name,
+        "pid": event.pid,
+        "tid": event.tid,
+        "ts": event.ts,
+        "dur": event.dur,
+    }
+
+
 def as_dict(event: Event) -> dict[str, Any]:
     """An event as the general path's dict (for the few events read field by field)."""
     out = {f: getattr(event, f) for f in event.__struct_fields__ if f != "args"}
