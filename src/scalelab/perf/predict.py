@@ -315,29 +315,46 @@ def flat_step(
     ctx: StepContext, fwd: np.ndarray, bwd: np.ndarray, dpc: DataParallelCost
 ) -> StepCost:
     """No pipeline: micro-batches on the simulated compute and communication streams; gradients
-    are reduced with the last one."""
+    are reduced with the last one. Simulated only for the layouts without a pipeline (0 for the
+    others, which `pipeline_parallel` prices)."""
     lc = ctx.compute
+    zeros = np.zeros(ctx.n)
+    rows = np.flatnonzero(ctx.pp <= 1)
+    if not len(rows):
+        return StepCost(zeros, zeros, zeros, zeros, zeros)
+    every = len(rows) == ctx.n
+
+    def take(values: np.ndarray) -> np.ndarray:
+        return values if every else values[rows]
+
     common: dict[str, Any] = dict(
         n_layers=ctx.model.n_layers,
-        forward_s=fwd,
-        backward_s=bwd,
-        head_forward_s=lc.head_forward_s,
-        head_backward_s=lc.head_backward_s,
-        all_gather_s=dpc.all_gather_s,
-        grad_reduce_s=dpc.grad_reduce_s,
-        root_all_gather_s=dpc.root_all_gather_s,
-        root_grad_reduce_s=dpc.root_grad_reduce_s,
-        gather_in_backward=ctx.table.reshard_after_forward,
+        forward_s=take(fwd),
+        backward_s=take(bwd),
+        head_forward_s=take(lc.head_forward_s),
+        head_backward_s=take(lc.head_backward_s),
+        all_gather_s=take(dpc.all_gather_s),
+        grad_reduce_s=take(dpc.grad_reduce_s),
+        root_all_gather_s=take(dpc.root_all_gather_s),
+        root_grad_reduce_s=take(dpc.root_grad_reduce_s),
+        gather_in_backward=take(ctx.table.reshard_after_forward),
         overlap_slowdown=ctx.cluster.params.overlap_slowdown,
     )
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
-    m_f = ctx.m_f
-    zeros = np.zeros(ctx.n)
+    m_f = take(ctx.m_f)
+
+    def scatter(values: np.ndarray) -> np.ndarray:
+        if every:
+            return values
+        full = np.zeros(ctx.n)
+        full[rows] = values
+        return full
+
     return StepCost(
-        time_s=last.time_s + (m_f - 1.0) * other.time_s,
-        compute_busy_s=last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s,
-        dp_exposed_s=last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s,
+        time_s=scatter(last.time_s + (m_f - 1.0) * other.time_s),
+        compute_busy_s=scatter(last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s),
+        dp_exposed_s=scatter(last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s),
         bubble_s=zeros,
         p2p_s=zeros,
     )
