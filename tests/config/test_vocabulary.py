@@ -170,3 +170,17 @@ def test_the_array_form_has_every_layout_field() -> None:
     assert LayoutTable.column_names() == list(Layout.model_fields)
     assert LayoutTable.default_code("sharding") == Sharding.FSDP.code
     assert LayoutTable.default_code("hsdp_shard_size") == 0
+
+
+def test_layout_from_a_template() -> None:
+    layout = Layout.from_template({"tp": 2, "sharding": "hsdp"}, gpus=16, seq_len=4096)
+    assert layout.label == "hsdp tp2sp" and layout.global_batch == 8
+    assert Layout.from_template({}, gpus=16, seq_len=2048, global_batch=64).global_batch == 64
+    for template, needle in (
+        ({"tpp": 2}, "layout.tpp: not a layout template field"),
+        ({"gpus": 8}, "layout.gpus: not a layout template field"),
+        ({"sharding": "x"}, "layout.sharding: 'x' is not one of ddp"),
+        ({"tp": 0}, "layout.tp: Input should be greater than 0"),
+    ):
+        with pytest.raises(InputError, match=needle):
+            Layout.from_template(template, gpus=16, seq_len=4096)

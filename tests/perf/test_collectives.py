@@ -54,3 +54,15 @@ def test_collective_time_is_the_fastest_algorithm_and_protocol() -> None:
     # Only the ring implements all_gather.
     ag = [a.name for a in comm.ALGORITHMS if comm.ALL_GATHER in a.collectives]
     assert ag == ["ring"]
+
+
+def test_collective_time_where_prices_only_the_selected_layouts() -> None:
+    cluster = load_cluster("h100-ib")
+    group = comm.group_shape(np.array([2, 8, 64, 512]), np.array([1, 1, 8, 1]), cluster)
+    nbytes = np.array([1e6, 1e7, 1e8, 1e9])
+    full = comm.collective_time(comm.ALL_REDUCE, nbytes, group, cluster)
+    mask = np.array([True, False, True, False])
+    part = comm.collective_time_where(mask, comm.ALL_REDUCE, nbytes, group, cluster)
+    assert part.tolist() == [full[0], 0.0, full[2], 0.0]  # the same bits where selected
+    none = comm.collective_time_where(~mask & False, comm.ALL_REDUCE, nbytes, group, cluster)
+    assert not none.any()

@@ -7,13 +7,13 @@ turns each failing rule into one clear message.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
@@ -165,6 +165,45 @@ class Layout(BaseModel):
         `micro_batch` sequences per GPU, the study's weak-scaling batch."""
         dp = max(1, gpus // (tp * pp * cp))
         return dp * micro_batch * (pp if pp > 1 else 1)
+
+    @classmethod
+    def from_template(
+        cls,
+        template: Mapping[str, Any],
+        *,
+        gpus: int,
+        seq_len: int,
+        global_batch: int | None = None,
+        field_prefix: str = "layout",
+    ) -> Layout:
+        """A layout from a template (any `Layout` fields but `gpus`, as a sweep file writes them):
+        `seq_len` and `global_batch` fill what the template leaves out, the batch defaulting to
+        `default_global_batch`. Unknown keys and bad values raise one `InputError` naming the key
+        and what is allowed."""
+        allowed = [f for f in cls.model_fields if f != "gpus"]
+        unknown = sorted(set(template) - set(allowed))
+        if unknown:
+            raise InputError(
+                f"{field_prefix}.{unknown[0]}",
+                f"not a layout template field; the fields are {', '.join(allowed)} "
+                "(gpus comes from the job)",
+            )
+        values: dict[str, Any] = {"seq_len": seq_len, **template, "gpus": gpus}
+        for name, option in OPTIONS.items():
+            if name in values and not isinstance(values[name], option):
+                values[name] = option.parse(f"{field_prefix}.{name}", str(values[name]))
+        if values.get("global_batch") is None:
+            degrees = {k: values[k] for k in ("tp", "pp", "cp", "micro_batch") if k in values}
+            usable = all(isinstance(v, int) and v > 0 for v in degrees.values())
+            # With a bad degree the batch is a placeholder: validation below names the degree.
+            default = cls.default_global_batch(gpus, **degrees) if usable else 1
+            values["global_batch"] = global_batch or default
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "value"
+            raise InputError(f"{field_prefix}.{where}", err["msg"]) from None
 
     # Names -------------------------------------------------------------------------------------
     def _sharding_name(self) -> str:

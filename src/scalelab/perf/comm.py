@@ -244,6 +244,28 @@ def collective_time(
     return np.where(n <= 1, 0.0, best)
 
 
+def collective_time_where(
+    mask: np.ndarray,
+    collective: str,
+    nbytes: np.ndarray,
+    group: GroupShape,
+    cluster: ClusterSpec,
+) -> np.ndarray:
+    """`collective_time` on the layouts `mask` selects, 0 elsewhere: the same numbers there,
+    without pricing a collective for layouts that never issue it (search's speed)."""
+    mask = np.asarray(mask, dtype=bool)
+    if mask.all():
+        return collective_time(collective, nbytes, group, cluster)
+    out = np.zeros(mask.shape)
+    if not mask.any():
+        return out
+    idx = np.flatnonzero(mask)
+    sub = GroupShape(ranks=group.ranks[idx], ranks_per_domain=group.ranks_per_domain[idx])
+    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), mask.shape)[idx]
+    out[idx] = collective_time(collective, nbytes, sub, cluster)
+    return out
+
+
 def bus_bandwidth_achieved(
     collective: str, nbytes: np.ndarray, group: GroupShape, cluster: ClusterSpec
 ) -> np.ndarray:

@@ -199,11 +199,12 @@ def tensor_parallel(ctx: StepContext) -> np.ndarray:
     t, sp = ctx.tp, ctx.sequence_parallel
     tp_group = comm.group_shape(t, ctx.ones, cluster)
     act_bytes = BF16_BYTES * ctx.micro_batch * ctx.seq_len / ctx.cp * ctx.model.d_model
+    uses_sp, uses_ar = (t > 1) & sp, (t > 1) & ~sp
     tp_sp = 2.0 * (
-        comm.collective_time(comm.ALL_GATHER, act_bytes, tp_group, cluster)
-        + comm.collective_time(comm.REDUCE_SCATTER, act_bytes, tp_group, cluster)
+        comm.collective_time_where(uses_sp, comm.ALL_GATHER, act_bytes, tp_group, cluster)
+        + comm.collective_time_where(uses_sp, comm.REDUCE_SCATTER, act_bytes, tp_group, cluster)
     )
-    tp_ar = 2.0 * comm.collective_time(comm.ALL_REDUCE, act_bytes, tp_group, cluster)
+    tp_ar = 2.0 * comm.collective_time_where(uses_ar, comm.ALL_REDUCE, act_bytes, tp_group, cluster)
     call_s = ctx.call_s
     return np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
 
@@ -221,7 +222,7 @@ def context_parallel(ctx: StepContext) -> ContextParallelCost:
     cp, lc = ctx.cp, ctx.compute
     cp_group = comm.group_shape(cp, ctx.tp, ctx.cluster)
     kv_bytes = 2.0 * BF16_BYTES * ctx.micro_batch * ctx.seq_len * ctx.model.kv_dim / ctx.tp_f
-    cp_ring = comm.collective_time(comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
+    cp_ring = comm.collective_time_where(cp > 1, comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
     return ContextParallelCost(
         forward_s=np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0),
         backward_s=np.where(
@@ -263,16 +264,23 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.cp * ds, cluster)
     layer_param_bytes = PARAM_GATHER_BYTES * model.layer_params / tp_f
     layer_grad_bytes = GRAD_REDUCE_BYTES * model.layer_params / tp_f
-    ag = np.where(
-        full_shard,
-        comm.collective_time(comm.ALL_GATHER, layer_param_bytes, shard_group, cluster),
-        0.0,
+    # Each collective is priced only for the layouts that issue it (0 elsewhere).
+    ag = comm.collective_time_where(
+        full_shard, comm.ALL_GATHER, layer_param_bytes, shard_group, cluster
     )
-    rs_shard = comm.collective_time(comm.REDUCE_SCATTER, layer_grad_bytes, shard_group, cluster)
-    ar_replica = comm.collective_time(
-        comm.ALL_REDUCE, layer_grad_bytes / np.maximum(ds, 1), replica_group, cluster
+    rs_shard = comm.collective_time_where(
+        ~table.is_ddp, comm.REDUCE_SCATTER, layer_grad_bytes, shard_group, cluster
     )
-    ar_full = comm.collective_time(comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster)
+    ar_replica = comm.collective_time_where(
+        table.is_hsdp,
+        comm.ALL_REDUCE,
+        layer_grad_bytes / np.maximum(ds, 1),
+        replica_group,
+        cluster,
+    )
+    ar_full = comm.collective_time_where(
+        table.is_ddp, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster
+    )
     grad_reduce = np.where(
         full_shard,
         rs_shard + np.where(table.is_hsdp, ar_replica, 0.0),
@@ -307,29 +315,46 @@ def flat_step(
     ctx: StepContext, fwd: np.ndarray, bwd: np.ndarray, dpc: DataParallelCost
 ) -> StepCost:
     """No pipeline: micro-batches on the simulated compute and communication streams; gradients
-    are reduced with the last one."""
+    are reduced with the last one. Simulated only for the layouts without a pipeline (0 for the
+    others, which `pipeline_parallel` prices)."""
     lc = ctx.compute
+    zeros = np.zeros(ctx.n)
+    rows = np.flatnonzero(ctx.pp <= 1)
+    if not len(rows):
+        return StepCost(zeros, zeros, zeros, zeros, zeros)
+    every = len(rows) == ctx.n
+
+    def take(values: np.ndarray) -> np.ndarray:
+        return values if every else values[rows]
+
     common: dict[str, Any] = dict(
         n_layers=ctx.model.n_layers,
-        forward_s=fwd,
-        backward_s=bwd,
-        head_forward_s=lc.head_forward_s,
-        head_backward_s=lc.head_backward_s,
-        all_gather_s=dpc.all_gather_s,
-        grad_reduce_s=dpc.grad_reduce_s,
-        root_all_gather_s=dpc.root_all_gather_s,
-        root_grad_reduce_s=dpc.root_grad_reduce_s,
-        gather_in_backward=ctx.table.reshard_after_forward,
+        forward_s=take(fwd),
+        backward_s=take(bwd),
+        head_forward_s=take(lc.head_forward_s),
+        head_backward_s=take(lc.head_backward_s),
+        all_gather_s=take(dpc.all_gather_s),
+        grad_reduce_s=take(dpc.grad_reduce_s),
+        root_all_gather_s=take(dpc.root_all_gather_s),
+        root_grad_reduce_s=take(dpc.root_grad_reduce_s),
+        gather_in_backward=take(ctx.table.reshard_after_forward),
         overlap_slowdown=ctx.cluster.params.overlap_slowdown,
     )
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
-    m_f = ctx.m_f
-    zeros = np.zeros(ctx.n)
+    m_f = take(ctx.m_f)
+
+    def scatter(values: np.ndarray) -> np.ndarray:
+        if every:
+            return values
+        full = np.zeros(ctx.n)
+        full[rows] = values
+        return full
+
     return StepCost(
-        time_s=last.time_s + (m_f - 1.0) * other.time_s,
-        compute_busy_s=last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s,
-        dp_exposed_s=last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s,
+        time_s=scatter(last.time_s + (m_f - 1.0) * other.time_s),
+        compute_busy_s=scatter(last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s),
+        dp_exposed_s=scatter(last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s),
         bubble_s=zeros,
         p2p_s=zeros,
     )
@@ -357,7 +382,7 @@ def pipeline_parallel(
         * ctx.model.d_model
         / np.where(ctx.sequence_parallel, ctx.tp_f, 1.0)
     )
-    p2p = comm.collective_time(comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
+    p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
     p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
     slow = ctx.cluster.params.overlap_slowdown
     dp_exposed = (
@@ -390,12 +415,12 @@ def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray,
     )
     opt_div = np.where(table.is_ddp, 1, np.where(table.is_zero, dp, ctx.dp_shard))
     optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
-    zero_ag = np.where(
+    zero_ag = comm.collective_time_where(
         table.is_zero & (dp > 1),
-        comm.collective_time(
-            comm.ALL_GATHER, PARAM_GATHER_BYTES * stage_params, dpc.shard_group, ctx.cluster
-        ),
-        0.0,
+        comm.ALL_GATHER,
+        PARAM_GATHER_BYTES * stage_params,
+        dpc.shard_group,
+        ctx.cluster,
     )
     return optimizer_s, zero_ag
 
