@@ -157,7 +157,7 @@ def bench(
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,
             compile=compile, compute_dtype=compute_dtype, data=data, profile=profile,  # type: ignore[arg-type]
-            profile_steps=profile_steps, timeout_s=timeout_s, cluster=cluster, predict=predict,
+            profile_steps=profile_steps, timeout_s=timeout_s, predict=predict,
             out_dir=str(out),
         )  # fmt: skip
     except ValidationError as exc:

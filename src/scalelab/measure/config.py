@@ -36,8 +36,9 @@ class BenchOptions(BaseModel):
     profile: bool = False
     profile_steps: int = Field(3, gt=0)
     timeout_s: float = Field(600.0, gt=0, description="process-group (collective) timeout")
-    cluster: str | None = None
-    predict: bool = False
+    predict: bool = Field(
+        False, description="attach the predictor's numbers to the record (done above the harness)"
+    )
     out_dir: str = "runs"
 
 
