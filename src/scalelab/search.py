@@ -197,13 +197,19 @@ def enumerate_space(
         raise InputError("constraints", "no layout matches the constraints")
     merged = {k: np.concatenate(v) for k, v in columns.items()}
     n = len(merged["tp"])
+    fixed = {
+        "gpus": gpus,
+        "global_batch": global_batch,
+        "seq_len": seq_len,
+        "precision": precision.code,
+        "attention": attention.code,
+    }
+    # A layout field search does not enumerate (yet) takes its default in every candidate.
+    for name in LayoutTable.column_names():
+        if name not in merged and name not in fixed:
+            fixed[name] = LayoutTable.default_code(name)
     return LayoutTable(
-        gpus=np.full(n, gpus, dtype=np.int64),
-        global_batch=np.full(n, global_batch, dtype=np.int64),
-        seq_len=np.full(n, seq_len, dtype=np.int64),
-        precision=np.full(n, precision.code, dtype=np.int64),
-        attention=np.full(n, attention.code, dtype=np.int64),
-        **merged,
+        **{k: np.full(n, v, dtype=np.asarray(v).dtype) for k, v in fixed.items()}, **merged
     )
 
 

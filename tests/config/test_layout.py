@@ -2,19 +2,19 @@ import numpy as np
 import pytest
 
 from scalelab.config.catalog import load_cluster, load_model
-from scalelab.config.layout import Layout, LayoutTable, validate, violation_masks
+from scalelab.config.layout import Layout, LayoutTable, rule_violations, violation_masks
 
 MODEL = load_model("llama2-70b")
 CLUSTER = load_cluster("h100-ib")
 
 
 def fields_of(layout: Layout) -> list[str]:
-    return [e.field for e in validate(layout, MODEL, CLUSTER)]
+    return [e.field for e in rule_violations(layout, MODEL, CLUSTER)]
 
 
 def test_a_sound_layout_has_no_violation() -> None:
     layout = Layout(gpus=64, global_batch=64, seq_len=4096, tp=8, pp=2, micro_batch=1)
-    assert validate(layout, MODEL, CLUSTER) == []
+    assert rule_violations(layout, MODEL, CLUSTER) == []
     assert layout.dp == 4 and layout.n_microbatches == 16
 
 
@@ -46,14 +46,14 @@ def test_a_sound_layout_has_no_violation() -> None:
 def test_each_violation_is_named(kwargs: dict, field: str, needle: str) -> None:
     base = {"gpus": 32, "global_batch": 32, "seq_len": 4096}
     layout = Layout(**{**base, **kwargs})
-    errors = validate(layout, MODEL, CLUSTER)
+    errors = rule_violations(layout, MODEL, CLUSTER)
     assert any(e.field == field and needle in e.message for e in errors), errors
 
 
 def test_hsdp_defaults_to_sharding_inside_a_node() -> None:
     layout = Layout(gpus=64, global_batch=64, seq_len=4096, sharding="hsdp", tp=2)
     assert layout.dp_shard_on(8) == 4
-    assert validate(layout, MODEL, CLUSTER) == []
+    assert rule_violations(layout, MODEL, CLUSTER) == []
 
 
 def test_masks_match_scalar_validation() -> None:
@@ -66,7 +66,7 @@ def test_masks_match_scalar_validation() -> None:
     table = LayoutTable.from_layouts(layouts)
     masks = violation_masks(table, MODEL, CLUSTER)
     invalid = np.any(np.stack(list(masks.values())), axis=0)
-    assert invalid.tolist() == [bool(validate(L, MODEL, CLUSTER)) for L in layouts]
+    assert invalid.tolist() == [bool(rule_violations(L, MODEL, CLUSTER)) for L in layouts]
 
 
 def test_table_round_trips_layouts() -> None:

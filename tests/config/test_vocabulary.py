@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from scalelab import metrics
-from scalelab.config import ClusterParams, Layout, LayoutTable, load_cluster, load_model
+from scalelab.config import (
+    ClusterParams,
+    ClusterSpec,
+    GPUSpec,
+    Layout,
+    LayoutTable,
+    load_cluster,
+    load_model,
+)
 from scalelab.config.layout import violation_masks
 from scalelab.config.model import flops_utilisation
 from scalelab.config.options import OPTIONS, PipelineSchedule, Recompute, Sharding
@@ -96,7 +104,7 @@ def test_default_global_batch() -> None:
 
 
 def test_every_layout_and_cluster_field_is_documented() -> None:
-    for cls in (Layout, ClusterParams):
+    for cls in (Layout, ClusterParams, ClusterSpec, GPUSpec):
         for name, info in cls.model_fields.items():
             assert info.description and len(info.description) > 20, f"{cls.__name__}.{name}"
     assert set(OPTIONS) <= set(Layout.model_fields)
@@ -154,3 +162,11 @@ def test_cuda_device_names_map_to_catalog_clusters() -> None:
     assert gpu_for_device("NVIDIA A100-SXM4-40GB") == "A100-SXM4-40GB"
     assert cluster_for_device("NVIDIA A100-SXM4-40GB") is None  # no catalog cluster uses it
     assert cluster_for_device("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_array_form_has_every_layout_field() -> None:
+    # A new Layout field needs its LayoutTable column (from_layouts / layout() / search fill the
+    # rest generically); this keeps the two in step.
+    assert LayoutTable.column_names() == list(Layout.model_fields)
+    assert LayoutTable.default_code("sharding") == Sharding.FSDP.code
+    assert LayoutTable.default_code("hsdp_shard_size") == 0

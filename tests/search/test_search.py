@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from scalelab.config.catalog import load_cluster, load_model
-from scalelab.config.layout import Layout, validate
+from scalelab.config.layout import Layout, rule_violations
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, search
@@ -31,7 +31,7 @@ def test_finds_the_optimum_of_a_space_enumerated_by_hand() -> None:
                 pp_schedule=sched[0],
                 virtual_stages=sched[1],
             )
-            if validate(layout, model, H100):
+            if rule_violations(layout, model, H100):
                 continue
             r = predict_layout(model, H100, layout)
             if r["fits"] and r["tokens_per_s"] > best_tps:

@@ -72,3 +72,33 @@ def test_host_communication_ops() -> None:
     assert is_cpu_comm_op("c10d::allreduce_")
     assert is_cpu_comm_op("_c10d_functional::wait_tensor")
     assert not is_cpu_comm_op("aten::mm")
+
+
+@pytest.mark.parametrize(
+    ("name", "collective"),
+    [
+        (
+            "void c10d::symmetric_memory::multimem_all_reduce_kernel<float, 16, 8>(float*, "
+            "unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+            "AllReduce",
+        ),
+        ("void c10d::symmetric_memory::two_shot_all_reduce_kernel<bf16, 8>(...)", "AllReduce"),
+        ("void c10d::symmetric_memory::multimem_all_gather_kernel<8>(...)", "AllGather"),
+        ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(...)", "AllReduce"),
+        ("void nvshmemi_alltoall_kernel(...)", "AllToAll"),
+        ("void tensorrt_llm::kernels::oneShotAllReduceKernel<half, 8>(...)", "AllReduce"),
+    ],
+)
+def test_non_nccl_communication_kernels(name: str, collective: str) -> None:
+    """Symmetric-memory, NVSHMEM and custom all-reduce kernels are communication, not compute."""
+    assert is_comm_kernel(name)
+    assert collective_from_kernel(name) == collective
+
+
+def test_gemm_and_elementwise_kernels_stay_compute() -> None:
+    for name in (
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n",
+        "void at::native::reduce_kernel<512, 1>(...)",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel(...)",
+    ):
+        assert not is_comm_kernel(name)

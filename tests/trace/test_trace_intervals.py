@@ -42,7 +42,7 @@ def test_union_intersection_difference_match_a_bitmap(seed: int) -> None:
         (b.difference(a), bits_b & ~bits_a),
     ):
         assert (_as_bitmap(result) == expected).all()
-        assert result.total_us() == int(expected.sum())
+        assert result.total_ns() == int(expected.sum())
         # Canonical form: sorted, disjoint, not touching, no empty pieces.
         assert (result.ends > result.starts).all()
         assert (result.starts[1:] > result.ends[:-1]).all()
@@ -63,21 +63,21 @@ def test_covered_in_many_windows_at_once(seed: int) -> None:
     ]
     assert got.tolist() == expected
     for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
-        assert iv.clip(a, b).total_us() == int(bits[max(a, 0) : max(b, 0)].sum())
+        assert iv.clip(a, b).total_ns() == int(bits[max(a, 0) : max(b, 0)].sum())
 
 
 def test_touching_intervals_merge_and_empty_sets_are_harmless() -> None:
     iv = IntervalSet.union_of([0, 5, 20], [5, 10, 20])
     assert iv.starts.tolist() == [0] and iv.ends.tolist() == [10]
     empty = IntervalSet.empty()
-    assert iv.intersection(empty).total_us() == 0
-    assert iv.difference(empty).total_us() == 10
-    assert empty.difference(iv).total_us() == 0
+    assert iv.intersection(empty).total_ns() == 0
+    assert iv.difference(empty).total_ns() == 10
+    assert empty.difference(iv).total_ns() == 0
     assert empty.covered_in([0], [100]).tolist() == [0]
 
 
 def test_large_timestamps_stay_exact() -> None:
     base = 1_712_195_495_502_094  # real Kineto timestamps are ~1.7e15 µs
     iv = IntervalSet.union_of([base, base + 3], [base + 2, base + 7])
-    assert iv.total_us() == 6
+    assert iv.total_ns() == 6
     assert iv.covered_in([base + 1], [base + 4]).tolist() == [2]

@@ -12,6 +12,8 @@ from scalelab.trace.synthetic import synthetic_trace, write_synthetic_trace
 
 HOST, DEVICE = 100, 0
 
+US = 1000  # the handmade traces are in µs; the analyser answers in ns
+
 
 def _launch(ts: float, corr: int) -> dict:
     return x("cudaLaunchKernel", ts, 2, cat="cuda_runtime", pid=HOST, tid=HOST, correlation=corr)
@@ -39,40 +41,43 @@ def test_gpu_steps_are_laid_on_the_device_timeline(tmp_path: Path) -> None:
     rank = analyze_file(write_trace(tmp_path / "t.json", events))
     assert rank.mode == "gpu" and rank.step_source == "device"
     one, two = rank.steps
-    assert (one.step, one.start_us, one.wall_us) == (1, 50, 110)
-    assert (one.compute_us, one.comm_us, one.idle_us) == (100, 0, 10)
-    assert (two.step, two.start_us, two.wall_us) == (2, 160, 60)
-    assert (two.comm_us, two.exposed_comm_us, two.overlap_us) == (60, 60, 0)
+    assert (one.step, one.start_ns, one.wall_ns) == (1, 50 * US, 110 * US)
+    assert (one.compute_ns, one.comm_ns, one.idle_ns) == (100 * US, 0, 10 * US)
+    assert (two.step, two.start_ns, two.wall_ns) == (2, 160 * US, 60 * US)
+    assert (two.comm_ns, two.exposed_comm_ns, two.overlap_ns) == (60 * US, 60 * US, 0)
     assert two.collectives["AllReduce"].count == 1
-    assert rank.total.wall_us == 170 and rank.outside_steps.wall_us == 0
+    assert rank.total.wall_ns == 170 * US and rank.outside_steps.wall_ns == 0
     assert rank.n_lanes == 2
 
 
-def test_overlap_and_fractional_timestamps_are_floored(tmp_path: Path) -> None:
-    """Compute [0.9, 100.9) -> [0, 100); comm [49.5, 149.99) -> [49, 148): overlap 51, exposed 48."""
+def test_overlap_and_fractional_timestamps_are_kept_to_the_nanosecond(tmp_path: Path) -> None:
+    """Compute [0.9, 101.1) µs; comm [49.5, 149.49) µs: overlap 51.6 µs, exposed 48.39 µs, all
+    to the nanosecond (flooring to µs, as the first version did, gave 51 and 48)."""
     events = [
         _kernel("gemm", 0.9, 100.2, 1),
         _kernel("ncclDevKernel_AllGather_RING_LL(x)", 49.5, 99.99, 2, stream=20),
         x("Memcpy DtoH", 300.2, 10.7, cat="gpu_memcpy", pid=DEVICE, tid=9),
     ]
     total = analyze_file(write_trace(tmp_path / "t.json", events)).total
-    assert (total.compute_us, total.comm_us, total.overlap_us, total.exposed_comm_us) == (
-        100,
-        99,
-        51,
-        48,
+    assert (total.compute_ns, total.comm_ns, total.overlap_ns, total.exposed_comm_ns) == (
+        100_200,
+        99_990,
+        51_600,
+        48_390,
     )
-    assert total.copy_only_us == 10
-    assert total.wall_us == 310  # [0, 310)
-    assert total.idle_us == 310 - 100 - 48 - 10
-    assert total.collectives["AllGather"].exposed_us == 48
+    assert total.copy_only_ns == 10_700
+    assert total.wall_ns == 310_000  # [0.9, 310.9) µs
+    assert total.idle_ns == 310_000 - 100_200 - 48_390 - 10_700
+    assert total.collectives["AllGather"].exposed_ns == 48_390
 
 
 def test_steps_fall_back_to_host_windows_without_launch_links(tmp_path: Path) -> None:
     events = [_step(7, 0, 100), _kernel("gemm", 20, 30, -1)]
     rank = analyze_file(write_trace(tmp_path / "t.json", events))
     assert rank.step_source == "host"
-    assert [(s.step, s.start_us, s.wall_us, s.compute_us) for s in rank.steps] == [(7, 0, 100, 30)]
+    assert [(s.step, s.start_ns, s.wall_ns, s.compute_ns) for s in rank.steps] == [
+        (7, 0, 100 * US, 30 * US)
+    ]
 
 
 def test_cpu_trace_definitions(tmp_path: Path) -> None:
@@ -92,14 +97,14 @@ def test_cpu_trace_definitions(tmp_path: Path) -> None:
     rank = analyze_file(write_trace(tmp_path / "t.json", events, deviceProperties=[]))
     assert rank.mode == "cpu" and rank.step_source == "host" and rank.n_lanes == 1
     t = rank.total
-    assert (t.compute_us, t.comm_us, t.overlap_us, t.exposed_comm_us, t.idle_us) == (
-        150,
-        70,
-        20,
-        50,
+    assert (t.compute_ns, t.comm_ns, t.overlap_ns, t.exposed_comm_ns, t.idle_ns) == (
+        150 * US,
+        70 * US,
+        20 * US,
+        50 * US,
         0,
     )
-    assert rank.steps[0].exposed_comm_us == 50
+    assert rank.steps[0].exposed_comm_ns == 50 * US
     assert t.collectives["AllReduce"].count == 1
 
 
@@ -121,12 +126,12 @@ def test_synthetic_trace_matches_a_naive_count(tmp_path: Path) -> None:
             target[e["ts"] - lo : e["ts"] + e["dur"] - lo] = True
     report = analyze(tmp_path / "s.json")
     (rank,) = report.ranks
-    assert rank.total.comm_us == int(comm.sum()) > 0
-    assert rank.total.compute_us == int(compute.sum())
-    assert rank.total.exposed_comm_us == int((comm & ~compute).sum()) > 0
+    assert rank.total.comm_ns == US * int(comm.sum()) > 0
+    assert rank.total.compute_ns == US * int(compute.sum())
+    assert rank.total.exposed_comm_ns == US * int((comm & ~compute).sum()) > 0
     assert [s.step for s in rank.steps] == [1, 2, 3, 4, 5]
-    assert rank.steps[-1].wall_us == 0  # the trailing empty step
-    assert rank.outside_steps.comm_us == 0
+    assert rank.steps[-1].wall_ns == 0  # the trailing empty step
+    assert rank.outside_steps.comm_ns == 0
     assert set(rank.total.collectives) == {"AllGather", "ReduceScatter", "AllReduce"}
 
 
@@ -144,7 +149,7 @@ def test_ranks_are_sorted_and_the_slowest_is_found(tmp_path: Path) -> None:
     report = analyze(tmp_path)
     assert [r.rank for r in report.ranks] == [0, 1]
     assert report.summary.slowest_rank == 1
-    assert report.summary.metrics["wall_us"].mean == 275
+    assert report.summary.metrics["wall_ns"].mean == 275 * US
 
 
 def test_cpu_collective_on_the_training_thread_only_takes_its_own_span(tmp_path: Path) -> None:
@@ -161,5 +166,10 @@ def test_cpu_collective_on_the_training_thread_only_takes_its_own_span(tmp_path:
     rank = analyze_file(write_trace(tmp_path / "t.json", events))
     t = rank.total
     assert rank.n_lanes == 0  # no worker thread
-    assert (t.compute_us, t.comm_us, t.exposed_comm_us, t.idle_us) == (130, 50, 50, 20)
+    assert (t.compute_ns, t.comm_ns, t.exposed_comm_ns, t.idle_ns) == (
+        130 * US,
+        50 * US,
+        50 * US,
+        20 * US,
+    )
     assert t.collectives["Broadcast"].count == 1

@@ -2,23 +2,24 @@
 
 Each verb lives in its own module with a `register(app)` function. User mistakes raise
 `InputError`, which `main` prints as one line on stderr with exit code 2.
+
+Verbs in `_OWN_PARSER` (today: `trace`) are parsed with argparse by their own module *before*
+typer, pydantic and the other verbs are imported: a trace analysis of a small file is over in
+less time than those imports take. They still appear in `scalelab --help`.
 """
 
 from __future__ import annotations
 
 import sys
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
 
-app = typer.Typer(
-    name="scalelab",
-    help="Measure, explain and predict how LLM training scales across GPUs, layouts and hardware.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+if TYPE_CHECKING:
+    import typer
+
+# verb -> module with `run(args: list[str]) -> int` (argparse; imports only what the verb needs)
+_OWN_PARSER = {"trace": "scalelab.cli.trace"}
 
 _VERB_MODULES = (
     "catalogs",
@@ -35,29 +36,71 @@ _VERB_MODULES = (
     "runs",
 )
 
-
-def _register_all() -> None:
-    from importlib import import_module
-
-    for name in _VERB_MODULES:
-        import_module(f"scalelab.cli.{name}").register(app)
+_APP: Any = None
 
 
-_register_all()
+def _build_app() -> typer.Typer:
+    global _APP
+    if _APP is None:
+        from importlib import import_module
+
+        import typer
+
+        _APP = typer.Typer(
+            name="scalelab",
+            help="Measure, explain and predict how LLM training scales across GPUs, layouts and "
+            "hardware.",
+            no_args_is_help=True,
+            add_completion=False,
+            pretty_exceptions_enable=False,
+        )
+        for name in _VERB_MODULES:
+            import_module(f"scalelab.cli.{name}").register(_APP)
+    return _APP
+
+
+def __getattr__(name: str) -> Any:  # `scalelab.cli.app`, built on first use
+    if name == "app":
+        return _build_app()
+    raise AttributeError(name)
+
+
+def _user_error(message: str) -> None:
+    print(f"scalelab: error: {message}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning user mistakes into one line and exit code 2."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in _OWN_PARSER:
+        from importlib import import_module
+
+        try:
+            code = import_module(_OWN_PARSER[args[0]]).run(args[1:])
+        except InputError as exc:
+            _user_error(str(exc))
+        except OSError as exc:
+            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+            _user_error(f"{where}{exc.strerror or exc}")
+        if code:
+            raise SystemExit(code)
+        return
+    _typer_main(args)
+
+
+def _typer_main(args: list[str]) -> None:
+    import typer
+
+    app = _build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except InputError as exc:
-        print(f"scalelab: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _user_error(str(exc))
     except OSError as exc:
         # An output folder that cannot be created, a file that cannot be written or read.
         where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-        print(f"scalelab: error: {where}{exc.strerror or exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        _user_error(f"{where}{exc.strerror or exc}")
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:

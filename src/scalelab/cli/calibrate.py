@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -18,8 +18,9 @@ def register(app: typer.Typer) -> None:
 
 def calibrate(
     records: Annotated[
-        list[Path], typer.Argument(help="record files or folders of records (comm and bench)")
-    ],
+        list[Path] | None,
+        typer.Argument(help="record files or folders of records (comm and bench)"),
+    ] = None,
     base: Annotated[
         str, typer.Option("--base", help="catalog cluster or YAML to start from")
     ] = "h100-ib",
@@ -33,6 +34,14 @@ def calibrate(
         ),
     ] = None,
     json_out: JsonOpt = False,
+    traces: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--trace",
+            help="a profiler trace (file or folder, repeatable) whose collectives carry message "
+            "sizes: taken as comm records are (see `scalelab trace --bandwidth`)",
+        ),
+    ] = None,
 ) -> None:
     """Fit the base cluster's free parameters to the records and write a cluster YAML."""
     from scalelab.calibrate import BOUNDS, fit, points_from_records, write_cluster_yaml
@@ -41,17 +50,18 @@ def calibrate(
 
     cluster = load_cluster(base)
     paths: list[Path] = []
-    for item in records:
+    for item in records or []:
         if item.is_dir():
             paths += record_paths(item)
         elif item.is_file():
             paths.append(item)
         else:
             raise InputError("records", f"no such file or folder: {item}")
-    if not paths:
-        raise InputError("records", "no record files found")
+    if not paths and not traces:
+        raise InputError("records", "no record files found (give records or --trace)")
     loaded = [load_record(p) for p in paths]
     comm_points, step_points, skipped = points_from_records(loaded)
+    comm_points += _trace_points(traces or [], cluster.gpus_per_node)
     names = None
     if params:
         names = [p.strip() for p in params.split(",") if p.strip()]
@@ -99,3 +109,30 @@ def calibrate(
     console.print(
         f"mean |error| {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %; wrote {path}"
     )
+
+
+def _trace_points(traces: list[Path], gpus_per_node: int) -> list[Any]:
+    """Collective observations from profiler traces, as comm records' rows (the group is
+    assumed to fill nodes: min(group size, GPUs per node) ranks per node)."""
+    if not traces:
+        return []
+    from scalelab.calibrate import CommPoint
+    from scalelab.trace import analyze
+    from scalelab.trace.collectives import calibration_observations
+
+    points = [
+        CommPoint(
+            collective=o.collective,
+            nbytes=float(o.nbytes),
+            ranks=o.ranks,
+            ranks_per_node=min(o.ranks, gpus_per_node),
+            time_s=o.time_s,
+            source=f"trace {o.source}",
+        )
+        for o in calibration_observations(analyze(traces))
+    ]
+    if not points:
+        raise InputError(
+            "--trace", "no collective in the traces carries message size and group size metadata"
+        )
+    return points

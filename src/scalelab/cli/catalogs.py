@@ -82,8 +82,9 @@ def hardware(json_out: JsonOpt = False) -> None:
         "NVLS",
         "TDP W",
         "idle W",
+        "CUDA device name",
     ):
-        gt.add_column(col, justify="left" if col == "name" else "right")
+        gt.add_column(col, justify="left" if col in ("name", "CUDA device name") else "right")
     for g in gpus:
         gt.add_row(
             g.name,
@@ -95,6 +96,7 @@ def hardware(json_out: JsonOpt = False) -> None:
             "yes" if g.nvls else "no",
             f"{g.tdp_w:g}",
             f"{g.idle_w:g}",
+            ", ".join(g.cuda_names) or "-",
         )
     ct = Table(title="clusters (any other: a YAML file, e.g. from `scalelab calibrate`)")
     for col in ("name", "gpu", "GPUs/node", "NVLink domain", "NICs", "network GB/s/GPU"):

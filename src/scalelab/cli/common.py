@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
-from scalelab.config.layout import ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
-from scalelab.config.options import (
-    AttentionKernel,
-    PipelineSchedule,
-    Precision,
-    Recompute,
-    Sharding,
-)
+from scalelab.config.layout import Layout
+from scalelab.config.options import OPTIONS
 from scalelab.errors import InputError
+from scalelab.search import Constraints
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
@@ -36,36 +35,177 @@ SeqLenOpt = Annotated[
     int | None, typer.Option("--seq-len", help="sequence length (default: the model's)")
 ]
 
-# Layout flags: the same names for predict, search (as constraints) and bench.
-ShardingOpt = Annotated[str, typer.Option("--sharding", help="|".join(SHARDINGS))]
-HsdpGroupOpt = Annotated[
-    int | None, typer.Option("--hsdp-shard-size", help="HSDP shard group size (default: a node)")
-]
-ReshardOpt = Annotated[
-    bool,
-    typer.Option(
-        "--reshard-after-forward/--no-reshard-after-forward", help="FSDP: free params after forward"
-    ),
-]
-TpOpt = Annotated[int, typer.Option("--tp", help="tensor-parallel degree")]
-SpOpt = Annotated[bool, typer.Option("--sp/--no-sp", help="sequence parallelism with TP")]
-PpOpt = Annotated[int, typer.Option("--pp", help="pipeline-parallel degree")]
-ScheduleOpt = Annotated[str, typer.Option("--pp-schedule", help="|".join(SCHEDULES))]
-VstagesOpt = Annotated[int, typer.Option("--virtual-stages", help="pipeline stages per rank")]
-CpOpt = Annotated[int, typer.Option("--cp", help="context-parallel degree")]
-MicroBatchOpt = Annotated[
-    int, typer.Option("--micro-batch", help="sequences per micro-batch per data-parallel rank")
-]
-GlobalBatchOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--global-batch",
-        help="sequences per step (default: 1 per data-parallel rank x micro-batch)",
-    ),
-]
-RecomputeOpt = Annotated[str, typer.Option("--recompute", help="|".join(RECOMPUTES))]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="|".join(PRECISIONS))]
-AttentionOpt = Annotated[str, typer.Option("--attention", help="|".join(ATTENTIONS))]
+# Layout flags: generated from `Layout`'s fields (name, type, default, description, enum choices),
+# the same for predict, search (as constraints) and bench. A new layout field is a new flag here
+# without an edit. CLI parameter names that differ from the field's (kept for compatibility):
+PARAM_NAMES: dict[str, str] = {"sequence_parallel": "sp"}
+# Fields whose default the verb computes (None on the command line means "the documented default").
+_COMPUTED_DEFAULTS: dict[str, str] = {
+    "seq_len": "sequence length (default: the model's)",
+    "global_batch": "sequences per step (default: 1 per data-parallel rank x micro-batch, "
+    "x pp when pipelined)",
+}
+
+
+def param_name(field: str) -> str:
+    """The Python parameter (and, with dashes, the flag) name of a `Layout` field."""
+    return PARAM_NAMES.get(field, field)
+
+
+def flag_name(field: str) -> str:
+    """`pp_schedule` -> `pp-schedule`, `sequence_parallel` -> `sp`: the name errors report."""
+    return param_name(field).replace("_", "-")
+
+
+def _field_help(field: str) -> str:
+    info = Layout.model_fields[field]
+    text = info.description or field
+    option = OPTIONS.get(field)
+    return f"{'|'.join(option.names())}: {text}" if option else text
+
+
+def layout_option(field: str) -> tuple[Any, Any]:
+    """(annotation, default) of the CLI option for one `Layout` field."""
+    info = Layout.model_fields[field]
+    flag = flag_name(field)
+    if field in OPTIONS:
+        return Annotated[str, typer.Option(f"--{flag}", help=_field_help(field))], str(info.default)
+    if info.annotation is bool:
+        option = typer.Option(f"--{flag}/--no-{flag}", help=_field_help(field))
+        return Annotated[bool, option], info.default
+    if field in _COMPUTED_DEFAULTS:
+        option = typer.Option(f"--{flag}", help=_COMPUTED_DEFAULTS[field])
+        return Annotated[int | None, option], None
+    if info.default is None:
+        return Annotated[int | None, typer.Option(f"--{flag}", help=_field_help(field))], None
+    return Annotated[int, typer.Option(f"--{flag}", help=_field_help(field))], info.default
+
+
+def constraint_option(field: str) -> tuple[Any, Any]:
+    """(annotation, default) of `search`'s option for one constrainable `Layout` field: a
+    comma-separated list of allowed values, or one value for the fields search fixes."""
+    flag = flag_name(field)
+    if dataclass_fields_of(Constraints).get(field) is str:
+        info = Layout.model_fields[field]
+        return Annotated[str, typer.Option(f"--{flag}", help=_field_help(field))], str(info.default)
+    allowed = "|".join(OPTIONS[field].names()) + " " if field in OPTIONS else ""
+    if Layout.model_fields[field].annotation is bool:
+        allowed = "true|false "
+    option = typer.Option(f"--{flag}", help=f"comma-separated allowed values {allowed}".strip())
+    return Annotated[str | None, option], None
+
+
+def dataclass_fields_of(cls: Any) -> dict[str, Any]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _expand(func: F, parameters: list[inspect.Parameter]) -> F:
+    """`func` with its `**kwargs` replaced by `parameters` in the signature typer reads."""
+    sig = inspect.signature(func, eval_str=True)
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        params.extend(parameters if p.kind is p.VAR_KEYWORD else [p])
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def _keyword(field: str, annotation: Any, default: Any) -> inspect.Parameter:
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Parameter(param_name(field), kind, default=default, annotation=annotation)
+
+
+def layout_options(*, exclude: tuple[str, ...] = ("gpus",)) -> Callable[[F], F]:
+    """Give a verb one option per `Layout` field (but `exclude`) in place of its `**layout`
+    parameter; the verb receives them by parameter name and passes them to `build_layout`."""
+
+    def wrap(func: F) -> F:
+        parameters = []
+        for field in Layout.model_fields:
+            if field in exclude:
+                continue
+            annotation, default = layout_option(field)
+            parameters.append(_keyword(field, annotation, default))
+        return _expand(func, parameters)
+
+    return wrap
+
+
+def constraint_options(func: F) -> F:
+    """Give `search` one option per constrainable `Layout` field (the fields of `Constraints`)."""
+    parameters = []
+    for field in Layout.model_fields:
+        if field not in dataclass_fields_of(Constraints):
+            continue
+        annotation, default = constraint_option(field)
+        parameters.append(_keyword(field, annotation, default))
+    return _expand(func, parameters)
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise InputError(flag, f"'{text}' is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(flag, f"'{text}' must list positive integers")
+    return values
+
+
+def _word_list(flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in allowed for v in values):
+        raise InputError(flag, f"'{text}' must list values from {', '.join(allowed)}")
+    return values
+
+
+def build_constraints(**values: Any) -> Constraints:
+    """`Constraints` from `constraint_options` flags, each checked with a message naming its flag."""
+    types = dataclass_fields_of(Constraints)
+    kwargs: dict[str, Any] = {}
+    for field in types:
+        text = values.get(param_name(field))
+        flag = flag_name(field)
+        if text is None:
+            continue
+        if types[field] is str:
+            kwargs[field] = OPTIONS[field].parse(flag, text).value if field in OPTIONS else text
+        elif field in OPTIONS:
+            kwargs[field] = _word_list(flag, text, OPTIONS[field].names())
+        elif Layout.model_fields[field].annotation is bool:
+            words = _word_list(flag, text.lower(), ("true", "false"))
+            kwargs[field] = [w == "true" for w in words]
+        else:
+            kwargs[field] = _int_list(flag, text)
+    return Constraints(**kwargs)
+
+
+# The options one by one, for verbs that spell their signature out (bench).
+ShardingOpt = layout_option("sharding")[0]
+HsdpGroupOpt = layout_option("hsdp_shard_size")[0]
+ReshardOpt = layout_option("reshard_after_forward")[0]
+TpOpt = layout_option("tp")[0]
+SpOpt = layout_option("sequence_parallel")[0]
+PpOpt = layout_option("pp")[0]
+ScheduleOpt = layout_option("pp_schedule")[0]
+VstagesOpt = layout_option("virtual_stages")[0]
+CpOpt = layout_option("cp")[0]
+MicroBatchOpt = layout_option("micro_batch")[0]
+GlobalBatchOpt = layout_option("global_batch")[0]
+RecomputeOpt = layout_option("recompute")[0]
+PrecisionOpt = layout_option("precision")[0]
+AttentionOpt = layout_option("attention")[0]
 
 
 def choice(field: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -80,61 +220,35 @@ def positive(field: str, value: int) -> int:
     return value
 
 
-def build_layout(
-    *,
-    gpus: int,
-    seq_len: int,
-    global_batch: int | None,
-    sharding: str,
-    hsdp_shard_size: int | None,
-    reshard_after_forward: bool,
-    tp: int,
-    sp: bool,
-    pp: int,
-    pp_schedule: str,
-    virtual_stages: int,
-    cp: int,
-    micro_batch: int,
-    recompute: str,
-    precision: str,
-    attention: str,
-) -> Layout:
-    """A `Layout` from CLI flags, each checked with a message naming its flag."""
-    for name, value in (
-        ("gpus", gpus),
-        ("seq-len", seq_len),
-        ("tp", tp),
-        ("pp", pp),
-        ("cp", cp),
-        ("virtual-stages", virtual_stages),
-        ("micro-batch", micro_batch),
-    ):
-        positive(name, value)
-    if hsdp_shard_size is not None:
-        positive("hsdp-shard-size", hsdp_shard_size)
-    if global_batch is None:
-        global_batch = Layout.default_global_batch(
-            gpus, tp=tp, pp=pp, cp=cp, micro_batch=micro_batch
+def build_layout(**values: Any) -> Layout:
+    """A `Layout` from CLI values keyed by parameter name (`layout_options`), each checked with a
+    message naming its flag; `global_batch` None takes `Layout.default_global_batch`."""
+    fields: dict[str, Any] = {}
+    for field in Layout.model_fields:
+        name = param_name(field)
+        if name not in values:
+            continue
+        value = values[name]
+        flag = flag_name(field)
+        if field in OPTIONS:
+            value = OPTIONS[field].parse(flag, value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            positive(flag, value)
+        fields[field] = value
+    unknown = set(values) - {param_name(f) for f in Layout.model_fields}
+    if unknown:
+        raise TypeError(f"build_layout: unknown layout parameters {sorted(unknown)}")
+    if fields.get("global_batch") is None:
+        fields["global_batch"] = Layout.default_global_batch(
+            fields["gpus"],
+            **{k: fields[k] for k in ("tp", "pp", "cp", "micro_batch") if k in fields},
         )
-    positive("global-batch", global_batch)
-    return Layout(
-        gpus=gpus,
-        global_batch=global_batch,
-        seq_len=seq_len,
-        sharding=Sharding.parse("sharding", sharding),
-        hsdp_shard_size=hsdp_shard_size,
-        reshard_after_forward=reshard_after_forward,
-        tp=tp,
-        sequence_parallel=sp,
-        pp=pp,
-        pp_schedule=PipelineSchedule.parse("pp-schedule", pp_schedule),
-        virtual_stages=virtual_stages,
-        cp=cp,
-        micro_batch=micro_batch,
-        recompute=Recompute.parse("recompute", recompute),
-        precision=Precision.parse("precision", precision),
-        attention=AttentionKernel.parse("attention", attention),
-    )
+    try:
+        return Layout(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "layout"
+        raise InputError(flag_name(field), err["msg"]) from None
 
 
 def print_json(document: Any) -> None:

@@ -8,26 +8,12 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import (
-    AttentionOpt,
     ClusterOpt,
-    CpOpt,
-    GlobalBatchOpt,
-    HsdpGroupOpt,
     JsonOpt,
-    MicroBatchOpt,
     ModelArg,
-    PpOpt,
-    PrecisionOpt,
-    RecomputeOpt,
-    ReshardOpt,
-    ScheduleOpt,
-    SeqLenOpt,
-    ShardingOpt,
-    SpOpt,
-    TpOpt,
-    VstagesOpt,
     build_layout,
     console,
+    layout_options,
     print_json,
 )
 from scalelab.config.catalog import load_cluster, load_model
@@ -40,49 +26,23 @@ def register(app: typer.Typer) -> None:
     app.command("predict")(predict)
 
 
+@layout_options()
 def predict(
     model: ModelArg,
     cluster: ClusterOpt = "h100-ib",
     gpus: GpusOpt = 8,
-    seq_len: SeqLenOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    sharding: ShardingOpt = "fsdp",
-    hsdp_shard_size: HsdpGroupOpt = None,
-    reshard_after_forward: ReshardOpt = True,
-    tp: TpOpt = 1,
-    sp: SpOpt = True,
-    pp: PpOpt = 1,
-    pp_schedule: ScheduleOpt = "1f1b",
-    virtual_stages: VstagesOpt = 1,
-    cp: CpOpt = 1,
-    micro_batch: MicroBatchOpt = 1,
-    recompute: RecomputeOpt = "none",
-    precision: PrecisionOpt = "bf16",
-    attention: AttentionOpt = "flash",
     json_out: JsonOpt = False,
+    **layout: Any,
 ) -> None:
-    """Predict one training step of MODEL on GPUS GPUs of CLUSTER with the given layout."""
+    """Predict one training step of MODEL on GPUS GPUs of CLUSTER with the given layout.
+
+    The layout flags are generated from `scalelab.config.Layout`'s fields.
+    """
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    layout = build_layout(
-        gpus=gpus,
-        seq_len=seq_len or spec.seq_len,
-        global_batch=global_batch,
-        sharding=sharding,
-        hsdp_shard_size=hsdp_shard_size,
-        reshard_after_forward=reshard_after_forward,
-        tp=tp,
-        sp=sp,
-        pp=pp,
-        pp_schedule=pp_schedule,
-        virtual_stages=virtual_stages,
-        cp=cp,
-        micro_batch=micro_batch,
-        recompute=recompute,
-        precision=precision,
-        attention=attention,
-    )
-    result = predict_layout(spec, cluster_spec, layout)
+    seq_len = layout.pop("seq_len", None) or spec.seq_len
+    built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
+    result = predict_layout(spec, cluster_spec, built)
     if json_out:
         print_json(result)
         return

@@ -13,45 +13,22 @@ from scalelab.cli.common import (
     JsonOpt,
     ModelArg,
     SeqLenOpt,
+    build_constraints,
     console,
+    constraint_options,
     err_console,
     print_json,
 )
 from scalelab.config.catalog import load_cluster, load_model
-from scalelab.config.layout import PRECISIONS, RECOMPUTES, SCHEDULES, SHARDINGS, Layout
-from scalelab.errors import InputError
-from scalelab.search import OBJECTIVES, Constraints, describe, search
+from scalelab.config.layout import Layout
+from scalelab.search import OBJECTIVES, describe, search
 
 
 def register(app: typer.Typer) -> None:
     app.command("search")(search_command)
 
 
-def _ints(field: str, text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(field, f"'{text}' is not a comma-separated list of integers") from None
-    if not values or any(v < 1 for v in values):
-        raise InputError(field, f"'{text}' must list positive integers")
-    return values
-
-
-def _words(field: str, text: str | None, allowed: tuple[str, ...]) -> list[str] | None:
-    if text is None:
-        return None
-    values = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in values if v not in allowed]
-    if bad or not values:
-        raise InputError(field, f"'{text}' must list values from {', '.join(allowed)}")
-    return values
-
-
-ListOpt = Annotated[str | None, typer.Option(help="comma-separated allowed values")]
-
-
+@constraint_options
 def search_command(
     model: ModelArg,
     cluster: ClusterOpt = "h100-ib",
@@ -61,38 +38,18 @@ def search_command(
     ] = None,
     seq_len: SeqLenOpt = None,
     objective: Annotated[str, typer.Option(help="|".join(OBJECTIVES))] = "throughput",
-    tp: ListOpt = None,
-    pp: ListOpt = None,
-    cp: ListOpt = None,
-    sharding: ListOpt = None,
-    hsdp_shard_size: Annotated[
-        str | None, typer.Option("--hsdp-shard-size", help="comma-separated allowed values")
-    ] = None,
-    pp_schedule: Annotated[
-        str | None, typer.Option("--pp-schedule", help="comma-separated allowed values")
-    ] = None,
-    micro_batch: Annotated[
-        str | None, typer.Option("--micro-batch", help="comma-separated allowed values")
-    ] = None,
-    recompute: ListOpt = None,
-    precision: Annotated[str, typer.Option(help="|".join(PRECISIONS))] = "bf16",
     top: Annotated[int, typer.Option(help="how many layouts to show")] = 5,
     json_out: JsonOpt = False,
+    **constraints: Any,
 ) -> None:
-    """Search every valid layout of MODEL on GPUS GPUs and rank those that fit by OBJECTIVE."""
+    """Search every valid layout of MODEL on GPUS GPUs and rank those that fit by OBJECTIVE.
+
+    The constraint flags (comma-separated allowed values) are generated from the fields of
+    `scalelab.config.Layout` that `scalelab.search.Constraints` can restrict.
+    """
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    constraints = Constraints(
-        tp=_ints("tp", tp),
-        pp=_ints("pp", pp),
-        cp=_ints("cp", cp),
-        sharding=_words("sharding", sharding, SHARDINGS),
-        hsdp_shard_size=_ints("hsdp-shard-size", hsdp_shard_size),
-        pp_schedule=_words("pp-schedule", pp_schedule, SCHEDULES),
-        micro_batch=_ints("micro-batch", micro_batch),
-        recompute=_words("recompute", recompute, RECOMPUTES),
-        precision=precision,
-    )
+    allowed = build_constraints(**constraints)
     status = err_console.status(f"searching every layout of {spec.name} on {gpus} GPUs")
     with contextlib.nullcontext() if json_out else status:
         result = search(
@@ -102,7 +59,7 @@ def search_command(
             global_batch=global_batch or Layout.default_global_batch(gpus),
             seq_len=seq_len or spec.seq_len,
             objective=objective,
-            constraints=constraints,
+            constraints=allowed,
             top_k=top,
         )
     if json_out:

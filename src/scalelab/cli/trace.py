@@ -1,78 +1,256 @@
-"""`scalelab trace`: exposed communication and the step breakdown from PyTorch profiler traces."""
+"""`scalelab trace`: exposed communication, stragglers, idle causes, kernels and collective
+bandwidth from PyTorch profiler traces; `scalelab trace diff A B`: what grew between two runs.
+
+Parsed with argparse and printed as plain text tables, and dispatched by `scalelab.cli.main`
+before typer, pydantic or any other verb is imported (see `_OWN_PARSER` there): the command's
+start-up is Python, numpy and the trace package only. matplotlib (--plot) and the cluster
+catalog (--cluster) are imported only when asked for.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import typer
-from rich.table import Table
+if TYPE_CHECKING:
+    import typer
 
-from scalelab.cli.common import JsonOpt, console, err_console, print_json
-from scalelab.trace import analyze
-from scalelab.trace.report import Breakdown, RankReport, TraceReport
+    from scalelab.trace.report import Breakdown, RankReport, TraceReport
 
-PathsArg = Annotated[
-    list[Path],
-    typer.Argument(
-        help="trace files (.json or .json.gz, one per rank) or folders of them",
-        show_default=False,
+DESCRIPTION = """\
+Compute, communication, overlap and exposed communication per rank and per profiler step;
+the straggler of every collective across ranks; idle time by cause; kernels by class;
+collective bandwidth from the trace's own metadata.
+
+GPU traces: NCCL/RCCL, symmetric-memory, NVSHMEM and custom all-reduce kernels are
+communication, other kernels compute, memcpy/memset neither. CPU (gloo) traces: gloo
+collectives are communication, host operators compute. Exposed communication is communication
+with no compute running. Tables in ms; --json in integer nanoseconds.
+
+`scalelab trace diff A B` compares two runs (files or folders): per step, what grew."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other verb
+        print(f"scalelab: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="scalelab trace",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "paths",
+        nargs="+",
         metavar="PATH",
-    ),
-]
-PerStepOpt = Annotated[bool, typer.Option("--per-step", help="also show every step of every rank")]
-PlotOpt = Annotated[
-    Path | None,
-    typer.Option(
+        type=Path,
+        help="trace files (.json or .json.gz, one per rank) or folders of them",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        action="store_true",
+        help="print one JSON document and nothing else",
+    )
+    p.add_argument("--per-step", action="store_true", help="also show every step of every rank")
+    p.add_argument(
+        "--stragglers",
+        action="store_true",
+        help="per rank arrival lag and the straggler of each step",
+    )
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="kernels by class and annotation, idle time by cause, launch statistics",
+    )
+    p.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="algorithm and bus bandwidth of each collective (nccl-tests' definitions)",
+    )
+    p.add_argument("--all", dest="show_all", action="store_true", help="all of the above tables")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="catalog cluster or YAML: show its predicted bus bandwidth beside",
+    )
+    p.add_argument(
         "--plot",
         metavar="DIR",
-        help="write one PNG per rank to DIR: a timeline of one step and the step breakdown",
-    ),
-]
-PlotStepOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--plot-step", help="the step drawn in the timeline (default: a median-length step)"
-    ),
-]
+        type=Path,
+        help="write one PNG per rank to DIR (a timeline of one step and the step "
+        "breakdown), and stragglers.png across ranks",
+    )
+    p.add_argument(
+        "--plot-step",
+        type=int,
+        metavar="N",
+        help="the step drawn in the timeline (default: a median-length step)",
+    )
+    p.add_argument("--parser", choices=("auto", "general"), default="auto", help=argparse.SUPPRESS)
+    return p
+
+
+def _diff_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="scalelab trace diff",
+        description="What grew between two runs (e.g. 8 and 64 GPUs), per step: compute by "
+        "kernel class, each collective's exposed time, copies, idle; ranked by contribution to "
+        "the step-time difference, adding up to it.",
+    )
+    p.add_argument("a", type=Path, metavar="A", help="the first run: a trace file or a folder")
+    p.add_argument("b", type=Path, metavar="B", help="the second run: a trace file or a folder")
+    p.add_argument(
+        "--json",
+        dest="json_out",
+        action="store_true",
+        help="print one JSON document and nothing else",
+    )
+    return p
+
+
+def run(args: Sequence[str]) -> int:
+    """`scalelab trace ...` (argv after the verb); returns the exit code."""
+    args = list(args)
+    if args and args[0] == "diff" and not Path("diff").exists():
+        return _run_diff(_diff_parser().parse_args(args[1:]))
+    opts = _parser().parse_args(args)
+    from scalelab.trace import analyze
+
+    report = analyze(opts.paths, keep_intervals=opts.plot is not None, parser=opts.parser)
+    if opts.cluster:
+        _add_predictions(report, opts.cluster)
+    written: list[Path] = []
+    if opts.plot is not None:
+        from scalelab.trace.plot import plot_report
+
+        written = plot_report(report, opts.plot, step=opts.plot_step)
+    if opts.json_out:
+        _print_json(report.to_dict())
+        for path in written:
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    every = opts.show_all
+    out = _Out()
+    _render(
+        out,
+        report,
+        per_step=opts.per_step or every,
+        stragglers=opts.stragglers or every,
+        kernels=opts.kernels or every,
+        bandwidth=opts.bandwidth or every or bool(opts.cluster),
+    )
+    for path in written:
+        out.line(f"wrote {path}")
+    out.flush()
+    return 0
+
+
+def _run_diff(opts: argparse.Namespace) -> int:
+    from scalelab.trace import analyze
+    from scalelab.trace.diff import diff
+
+    result = diff(analyze(opts.a), analyze(opts.b), str(opts.a), str(opts.b))
+    if opts.json_out:
+        _print_json(result.to_dict())
+        return 0
+    out = _Out()
+    out.line(
+        f"A: {result.a_label} ({result.a_steps} rank-steps), mean step {_ms(result.a_step_ns)} ms"
+    )
+    out.line(
+        f"B: {result.b_label} ({result.b_steps} rank-steps), mean step {_ms(result.b_step_ns)} ms"
+    )
+    out.line(f"step time B - A: {_signed_ms(result.delta_ns)} ms")
+    rows = []
+    for r in result.rows:
+        share = "—" if not result.delta_ns else f"{100.0 * r.delta_ns / result.delta_ns:+.1f}"
+        total = "" if r.total_a_ns is None else f"{_ms(r.total_a_ns)} -> {_ms(r.total_b_ns or 0.0)}"
+        rows.append([r.part, _ms(r.a_ns), _ms(r.b_ns), _signed_ms(r.delta_ns), share, total])
+    out.table(
+        "what changed per step, largest first (rows add up to the step-time difference)",
+        ["part", "A ms", "B ms", "B - A ms", "% of change", "comm total ms (A -> B)"],
+        rows,
+        left={0, 5},
+    )
+    out.flush()
+    return 0
 
 
 def register(app: typer.Typer) -> None:
-    app.command("trace")(trace)
+    """List `trace` in `scalelab --help`; `scalelab.cli.main` runs it before typer is imported,
+    this forwards when typer is driven directly (e.g. `scalelab.cli.app` in a test)."""
+    import typer
+
+    def trace(ctx: typer.Context) -> None:
+        try:
+            code = run(ctx.args)
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        if code:
+            raise typer.Exit(code)
+
+    # typer reads the annotations; this module imports typer only here (see the module doc)
+    trace.__annotations__ = {"ctx": typer.Context, "return": None}
+    app.command(
+        "trace",
+        help=DESCRIPTION.split("\n\n")[0].replace("\n", " ") + " See `scalelab trace --help`.",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(trace)
 
 
-def trace(
-    paths: PathsArg,
-    json_out: JsonOpt = False,
-    per_step: PerStepOpt = False,
-    plot: PlotOpt = None,
-    plot_step: PlotStepOpt = None,
-) -> None:
-    """Compute, communication, overlap and exposed communication per rank and per profiler step.
-
-    GPU traces: NCCL/RCCL kernels are communication, other kernels compute, memcpy/memset neither.
-    CPU (gloo) traces: gloo collectives are communication, host operators compute.
-
-    Exposed communication is communication with no compute running. Tables in ms; --json in µs.
-    """
-    report = analyze(paths, keep_intervals=plot is not None)
-    written: list[Path] = []
-    if plot is not None:
-        from scalelab.trace.plot import plot_report
-
-        written = plot_report(report, plot, step=plot_step)
-    if json_out:
-        print_json(report.to_dict())
-        for path in written:
-            err_console.print(f"wrote {path}")
-        return
-    _render(report, per_step=per_step)
-    for path in written:
-        console.print(f"wrote {path}")
+# Rendering ----------------------------------------------------------------------------------
 
 
-def _ms(us: int | float) -> str:
-    return f"{us / 1000:,.3f}"
+class _Out:
+    """Plain text tables, collected and written at once."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def line(self, text: str = "") -> None:
+        self.parts.append(text)
+
+    def table(
+        self, title: str, header: list[str], rows: list[list[str]], left: set[int] | None = None
+    ) -> None:
+        left = left if left is not None else {0}
+        widths = [len(h) for h in header]
+        for row in rows:
+            for i, cell in enumerate(row):
+                widths[i] = max(widths[i], len(cell))
+
+        def fmt(cells: list[str]) -> str:
+            return "  ".join(
+                c.ljust(widths[i]) if i in left else c.rjust(widths[i]) for i, c in enumerate(cells)
+            ).rstrip()
+
+        self.parts += [title, fmt(header), "  ".join("-" * w for w in widths), *map(fmt, rows), ""]
+
+    def flush(self) -> None:
+        sys.stdout.write("\n".join(self.parts) + "\n")
+        sys.stdout.flush()
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+def _ms(ns: int | float) -> str:
+    return f"{ns / 1e6:,.3f}"
+
+
+def _signed_ms(ns: int | float) -> str:
+    return f"{ns / 1e6:+,.3f}"
 
 
 def _pct(value: float | None) -> str:
@@ -83,64 +261,278 @@ def _rank(r: RankReport) -> str:
     return "?" if r.rank is None else str(r.rank)
 
 
-_COLUMNS = ("wall ms", "compute ms", "comm ms", "overlap ms", "exposed ms", "overlap %", "idle ms")
+_COLUMNS = ["wall ms", "compute ms", "comm ms", "overlap ms", "exposed ms", "overlap %", "idle ms"]
 
 
 def _cells(b: Breakdown) -> list[str]:
     return [
-        _ms(b.wall_us),
-        _ms(b.compute_us),
-        _ms(b.comm_us),
-        _ms(b.overlap_us),
-        _ms(b.exposed_comm_us),
+        _ms(b.wall_ns),
+        _ms(b.compute_ns),
+        _ms(b.comm_ns),
+        _ms(b.overlap_ns),
+        _ms(b.exposed_comm_ns),
         _pct(b.overlap_pct),
-        _ms(b.idle_us),
+        _ms(b.idle_ns),
     ]
 
 
-def _render(report: TraceReport, *, per_step: bool) -> None:
-    table = Table(title="exposed communication per rank (whole trace)")
-    for col in ("rank", "file", "kind", "steps", *_COLUMNS):
-        table.add_column(col, justify="left" if col in ("file", "kind") else "right")
-    for r in report.ranks:
-        table.add_row(_rank(r), r.file, r.mode, str(len(r.steps)), *_cells(r.total))
-    console.print(table)
-
-    coll = Table(title="communication by collective (whole trace)")
-    for col in ("rank", "collective", "count", "total ms", "exposed ms"):
-        coll.add_column(col, justify="left" if col == "collective" else "right")
-    for r in report.ranks:
-        for name, c in r.total.collectives.items():
-            coll.add_row(_rank(r), name, f"{c.count:,}", _ms(c.total_us), _ms(c.exposed_us))
-    if coll.row_count:
-        console.print(coll)
-
+def _render(
+    out: _Out,
+    report: TraceReport,
+    *,
+    per_step: bool,
+    stragglers: bool,
+    kernels: bool,
+    bandwidth: bool,
+) -> None:
+    out.table(
+        "exposed communication per rank (whole trace)",
+        ["rank", "file", "kind", "steps", *_COLUMNS],
+        [[_rank(r), r.file, r.mode, str(len(r.steps)), *_cells(r.total)] for r in report.ranks],
+        left={1, 2},
+    )
+    coll = [
+        [_rank(r), name, f"{c.count:,}", _ms(c.total_ns), _ms(c.exposed_ns)]
+        for r in report.ranks
+        for name, c in r.total.collectives.items()
+    ]
+    if coll:
+        out.table(
+            "communication by collective (whole trace)",
+            ["rank", "collective", "count", "total ms", "exposed ms"],
+            coll,
+            left={1},
+        )
     if per_step:
-        steps = Table(title="per step (windows on the device timeline for GPU traces)")
-        for col in ("rank", "step", *_COLUMNS):
-            steps.add_column(col, justify="right")
+        rows = []
         for r in report.ranks:
             for s in r.steps:
-                steps.add_row(_rank(r), str(s.step), *_cells(s))
-            if r.steps and r.outside_steps.wall_us:
-                steps.add_row(_rank(r), "outside", *_cells(r.outside_steps))
-        console.print(steps)
-
-    summ = report.summary
-    summary = Table(title=f"across {summ.n_ranks} rank(s): {summ.basis}")
-    for col in ("metric", "mean ms", "max ms", "max on rank", "file"):
-        summary.add_column(col, justify="left" if col in ("metric", "file") else "right")
-    for name, m in summ.metrics.items():
-        summary.add_row(
-            name.removesuffix("_us"),
-            _ms(m.mean),
-            _ms(m.max),
-            "?" if m.max_rank is None else str(m.max_rank),
-            m.max_file,
+                rows.append([_rank(r), str(s.step), *_cells(s)])
+            if r.steps and r.before_steps.wall_ns:
+                rows.append([_rank(r), "before", *_cells(r.before_steps)])
+            if r.steps and r.after_steps.wall_ns:
+                rows.append([_rank(r), "after", *_cells(r.after_steps)])
+        out.table(
+            "per step (windows on the device timeline for GPU traces; before/after: outside "
+            "every step)",
+            ["rank", "step", *_COLUMNS],
+            rows,
+            left=set(),
         )
-    console.print(summary)
+    summ = report.summary
+    out.table(
+        f"across {summ.n_ranks} rank(s): {summ.basis}",
+        ["metric", "mean ms", "max ms", "max on rank", "file"],
+        [
+            [
+                name.removesuffix("_ns"),
+                _ms(m.mean),
+                _ms(m.max),
+                "?" if m.max_rank is None else str(m.max_rank),
+                m.max_file,
+            ]
+            for name, m in summ.metrics.items()
+        ],
+        left={0, 4},
+    )
+    if stragglers:
+        _render_stragglers(out, report)
+    if kernels:
+        _render_kernels(out, report)
+    if bandwidth:
+        _render_bandwidth(out, report)
+    found = report.stragglers
+    if found is not None:
+        lag = next(r for r in found.ranks if r.rank == found.straggler)
+        out.line(
+            f"straggler: rank {found.straggler} (starts last at {lag.times_last} of "
+            f"{len(found.collectives)} matched collectives; the others waited "
+            f"{_ms(lag.caused_ns)} ms for it; matched by {found.match})"
+        )
     slowest = "?" if summ.slowest_rank is None else str(summ.slowest_rank)
-    console.print(f"slowest rank: {slowest} ({summ.slowest_file})")
+    out.line(
+        f"longest steps: rank {slowest} ({summ.slowest_file})"
+        + (" — a rank that waits has long steps too; see the straggler" if found else "")
+    )
     for r in report.ranks:
+        if r.launched_before_profiling:
+            out.line(
+                f"rank {_rank(r)} ({r.file}): {r.launched_before_profiling} device events were "
+                f"launched before profiling started ({_ms(r.before_steps.wall_ns)} ms before "
+                "the first step, reported apart from the steps)"
+            )
         for note in r.notes:
-            console.print(f"[dim]rank {_rank(r)} ({r.file}): {note}[/dim]")
+            out.line(f"rank {_rank(r)} ({r.file}): {note}")
+
+
+def _render_stragglers(out: _Out, report: TraceReport) -> None:
+    s = report.stragglers
+    if s is None:
+        out.line("stragglers: need two or more ranks' traces with collectives to match")
+        out.line()
+        return
+    out.table(
+        f"arrival lag per rank ({len(s.collectives)} collectives matched by {s.match})",
+        ["rank", "collectives", "last at", "mean lag ms", "max lag ms", "waited ms", "caused ms"],
+        [
+            [
+                str(r.rank),
+                str(r.collectives),
+                str(r.times_last),
+                _ms(r.mean_lag_ns),
+                _ms(r.max_lag_ns),
+                _ms(r.waited_ns),
+                _ms(r.caused_ns),
+            ]
+            for r in s.ranks
+        ],
+        left=set(),
+    )
+    if s.steps:
+        out.table(
+            "straggler per step (the rank that made the others wait longest)",
+            ["step", "straggler", "caused ms", "all waiting ms", "collectives"],
+            [
+                [
+                    str(p.step),
+                    str(p.straggler),
+                    _ms(p.caused_ns),
+                    _ms(p.wait_ns),
+                    str(p.collectives),
+                ]
+                for p in s.steps
+            ],
+            left=set(),
+        )
+
+
+def _render_kernels(out: _Out, report: TraceReport) -> None:
+    for r in report.ranks:
+        k = r.kernels
+        if k is None:
+            continue
+        rows = []
+        for c in k.classes:
+            for i, top in enumerate(c.top):
+                rows.append(
+                    [
+                        c.kernel_class if i == 0 else "",
+                        f"{c.share_pct:.1f}" if i == 0 else "",
+                        _ms(c.total_ns) if i == 0 else "",
+                        f"{top.count:,}",
+                        _ms(top.total_ns),
+                        top.name[:70],
+                    ]
+                )
+        out.table(
+            f"rank {_rank(r)}: kernel time by class (summed durations) and top kernels",
+            ["class", "% of device", "class ms", "count", "kernel ms", "kernel"],
+            rows,
+            left={0, 5},
+        )
+        if k.annotations:
+            out.table(
+                f"rank {_rank(r)}: by user annotation (device side)",
+                ["annotation", "count", "wall ms", "compute ms", "comm ms", "exposed ms"],
+                [
+                    [
+                        a.name[:60],
+                        str(a.count),
+                        _ms(a.wall_ns),
+                        _ms(a.compute_ns),
+                        _ms(a.comm_ns),
+                        _ms(a.exposed_comm_ns),
+                    ]
+                    for a in k.annotations
+                ],
+            )
+        out.table(
+            f"rank {_rank(r)}: idle time per stream by cause (HTA's definitions)",
+            ["stream", "busy ms", "idle ms", "host wait ms", "kernel wait ms", "other ms"],
+            [
+                [
+                    s.stream,
+                    _ms(s.busy_ns),
+                    _ms(s.idle_ns),
+                    _ms(s.host_wait_ns),
+                    _ms(s.kernel_wait_ns),
+                    _ms(s.other_ns),
+                ]
+                for s in k.streams
+            ],
+        )
+        la = k.launches
+        out.line(
+            f"rank {_rank(r)}: launches: {la.linked:,} kernels linked to their launch call; "
+            f"launch delay median {la.delay_median_ns / 1e3:,.1f} µs, p95 "
+            f"{la.delay_p95_ns / 1e3:,.1f} µs, max {la.delay_max_ns / 1e3:,.1f} µs; "
+            f"{la.short_kernels:,} kernels shorter than their launch call "
+            f"({_ms(la.short_kernel_ns)} ms)"
+        )
+        out.line()
+
+
+def _render_bandwidth(out: _Out, report: TraceReport) -> None:
+    rows = []
+    for r in report.ranks:
+        for b in r.bandwidth:
+            rows.append(
+                [
+                    _rank(r),
+                    b.collective,
+                    f"{b.nbytes / 1e6:,.3f}",
+                    str(b.group_size),
+                    str(b.count),
+                    f"{b.time_median_ns / 1e3:,.1f}",
+                    f"{b.algbw_gbps:,.2f}",
+                    f"{b.busbw_gbps:,.2f}",
+                    f"{b.busbw_best_gbps:,.2f}",
+                    "—" if b.predicted_busbw_gbps is None else f"{b.predicted_busbw_gbps:,.2f}",
+                ]
+            )
+    if not rows:
+        out.line("bandwidth: no collective carries message size and group size metadata")
+        out.line()
+        return
+    out.table(
+        "collective bandwidth from trace metadata (nccl-tests' algbw and busbw, GB/s = 1e9 B/s)",
+        [
+            "rank",
+            "collective",
+            "MB",
+            "ranks",
+            "count",
+            "median µs",
+            "algbw",
+            "busbw",
+            "best busbw",
+            "predicted busbw",
+        ],
+        rows,
+        left={1},
+    )
+
+
+def _add_predictions(report: TraceReport, cluster_name: str) -> None:
+    """Fill each bandwidth row's `predicted_busbw_gbps` from a cluster profile (groups of
+    consecutive ranks assumed: stride 1)."""
+    import dataclasses
+
+    import numpy as np
+
+    from scalelab.config.catalog import load_cluster
+    from scalelab.perf import comm
+    from scalelab.trace.collectives import PREDICTOR_NAME
+
+    cluster = load_cluster(cluster_name)
+    for i, r in enumerate(report.ranks):
+        rows = []
+        for b in r.bandwidth:
+            name = PREDICTOR_NAME.get(b.collective)
+            if name is None:
+                rows.append(b)
+                continue
+            group = comm.group_shape(np.array([b.group_size]), np.array([1]), cluster)
+            busbw = comm.bus_bandwidth_achieved(name, np.array([float(b.nbytes)]), group, cluster)
+            rows.append(dataclasses.replace(b, predicted_busbw_gbps=float(busbw[0]) / 1e9))
+        report.ranks[i] = dataclasses.replace(r, bandwidth=rows)

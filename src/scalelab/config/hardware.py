@@ -14,19 +14,30 @@ class GPUSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str
+    name: str = Field(description="catalog name (gpus.yaml key) or `custom` for an inline GPU")
     cuda_names: tuple[str, ...] = Field(
         default=(),
         description="the strings torch.cuda.get_device_name() returns for this GPU (catalog "
         "gpus.yaml); `catalog.cluster_for_device` maps a device to a cluster with them",
     )
-    peak_tflops: dict[str, float]
-    hbm_gib: float = Field(gt=0)
-    hbm_gbs: float = Field(gt=0)
-    nvlink_gbs: float = Field(gt=0)
-    nvls: bool = False
-    tdp_w: float = Field(gt=0)
-    idle_w: float = Field(ge=0)
+    peak_tflops: dict[str, float] = Field(
+        description="dense (no sparsity) tensor-core peak, TFLOP/s, by precision (fp16, bf16, fp8); "
+        "vendor datasheet"
+    )
+    hbm_gib: float = Field(gt=0, description="HBM capacity, GiB (datasheet)")
+    hbm_gbs: float = Field(gt=0, description="HBM bandwidth, GB/s (datasheet)")
+    nvlink_gbs: float = Field(
+        gt=0,
+        description="NVLink bandwidth per GPU per direction, GB/s (datasheet: half the bidirectional)",
+    )
+    nvls: bool = Field(
+        default=False,
+        description="NVLink SHARP (in-switch all-reduce) available (NVSwitch 3 and later)",
+    )
+    tdp_w: float = Field(gt=0, description="board power limit (TDP), W (datasheet)")
+    idle_w: float = Field(
+        ge=0, description="typical idle board power, W (a measured reading; says so)"
+    )
     device: Literal["gpu", "cpu"] = Field(
         "gpu",
         description=(
@@ -34,7 +45,7 @@ class GPUSpec(BaseModel):
             " a SLURM sweep asks for GPUs only for a gpu device"
         ),
     )
-    source: str = ""
+    source: str = Field("", description="the datasheets and readings the numbers come from")
 
     @property
     def is_gpu(self) -> bool:

@@ -1,7 +1,7 @@
 """Layout: how one training job is parallelised, and the rules a valid layout obeys.
 
 The rules are written once, over numpy arrays of layouts (`LayoutTable`), so that search can count
-invalid layouts by reason without a Python loop; `validate` applies them to a single `Layout` and
+invalid layouts by reason without a Python loop; `rule_violations` applies them to a single `Layout` and
 turns each failing rule into one clear message.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -239,7 +240,8 @@ class LayoutTable:
     """Many layouts as parallel numpy arrays (categoricals as the integer `code` of their option).
 
     Code asks the named predicates below (`is_hsdp`, `shards_params`, `is_interleaved`, ...)
-    instead of comparing codes with numbers.
+    instead of comparing codes with numbers. Predicates and derived degrees are computed once per
+    table (cached): treat a table's arrays as read-only and build a new table (`take`) instead.
     """
 
     gpus: np.ndarray
@@ -278,6 +280,20 @@ class LayoutTable:
                 columns[f.name] = np.array(values, dtype=np.int64)
         return cls(**columns)
 
+    @classmethod
+    def column_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @staticmethod
+    def default_code(name: str) -> int | bool:
+        """The array form of a `Layout` field's default (an option's code, 0 for None)."""
+        default = Layout.model_fields[name].default
+        if name in OPTIONS:
+            return OPTIONS[name](default).code
+        if default is None:
+            return 0
+        return bool(default) if isinstance(default, bool) else int(default)
+
     def take(self, mask_or_index: np.ndarray) -> LayoutTable:
         return LayoutTable(**{f.name: getattr(self, f.name)[mask_or_index] for f in fields(self)})
 
@@ -296,74 +312,74 @@ class LayoutTable:
         return Layout(**values)
 
     # Named predicates on the categorical codes -------------------------------------------------
-    @property
+    @cached_property
     def is_ddp(self) -> np.ndarray:
         return self.sharding == Sharding.DDP.code
 
-    @property
+    @cached_property
     def is_zero(self) -> np.ndarray:
         """ZeRO-1 or ZeRO-2: optimizer state (and, for ZeRO-2, gradients) sharded."""
         return (self.sharding == Sharding.ZERO1.code) | (self.sharding == Sharding.ZERO2.code)
 
-    @property
+    @cached_property
     def is_zero2(self) -> np.ndarray:
         return self.sharding == Sharding.ZERO2.code
 
-    @property
+    @cached_property
     def is_hsdp(self) -> np.ndarray:
         return self.sharding == Sharding.HSDP.code
 
-    @property
+    @cached_property
     def shards_params(self) -> np.ndarray:
         """FSDP or HSDP: parameters sharded and gathered per layer."""
         return (self.sharding == Sharding.FSDP.code) | self.is_hsdp
 
-    @property
+    @cached_property
     def is_gpipe(self) -> np.ndarray:
         return self.pp_schedule == PipelineSchedule.GPIPE.code
 
-    @property
+    @cached_property
     def is_zbv(self) -> np.ndarray:
         return self.pp_schedule == PipelineSchedule.ZBV.code
 
-    @property
+    @cached_property
     def is_interleaved(self) -> np.ndarray:
         """Schedules with several model chunks per rank: interleaved 1F1B and ZB-V."""
         return (self.pp_schedule == PipelineSchedule.INTERLEAVED.code) | self.is_zbv
 
-    @property
+    @cached_property
     def recompute_full(self) -> np.ndarray:
         return self.recompute == Recompute.FULL.code
 
-    @property
+    @cached_property
     def recompute_selective(self) -> np.ndarray:
         return self.recompute == Recompute.SELECTIVE.code
 
-    @property
+    @cached_property
     def is_fp8(self) -> np.ndarray:
         return self.precision == Precision.FP8.code
 
-    @property
+    @cached_property
     def is_flash1(self) -> np.ndarray:
         return self.attention == AttentionKernel.FLASH1.code
 
-    @property
+    @cached_property
     def materialises_scores(self) -> np.ndarray:
         """Attention kernels that write the score matrix to HBM (math, fused)."""
         return (self.attention == AttentionKernel.MATH.code) | (
             self.attention == AttentionKernel.FUSED.code
         )
 
-    @property
+    @cached_property
     def is_fused_attention(self) -> np.ndarray:
         return self.attention == AttentionKernel.FUSED.code
 
     # Derived degrees -------------------------------------------------------------------------
-    @property
+    @cached_property
     def model_parallel(self) -> np.ndarray:
         return self.tp * self.pp * self.cp
 
-    @property
+    @cached_property
     def dp(self) -> np.ndarray:
         return np.maximum(1, self.gpus // self.model_parallel)
 
@@ -380,7 +396,7 @@ class LayoutTable:
         )
         return np.where(self.is_ddp, 1, np.where(self.is_hsdp, np.minimum(group, self.dp), self.dp))
 
-    @property
+    @cached_property
     def n_microbatches(self) -> np.ndarray:
         return np.maximum(1, self.global_batch // (self.dp * self.micro_batch))
 
@@ -514,7 +530,7 @@ def violation_masks(
     return {rule.reason: np.asarray(rule.bad(table, model, cluster), dtype=bool) for rule in RULES}
 
 
-def validate(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[InputError]:
+def rule_violations(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[InputError]:
     """All violations of one layout, each as an `InputError` naming its field."""
     table = LayoutTable.from_layouts([layout])
     errors = []
@@ -526,6 +542,6 @@ def validate(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> list[Inp
 
 def check(layout: Layout, model: ModelSpec, cluster: ClusterSpec) -> None:
     """Raise the first violation of `layout`, if any."""
-    errors = validate(layout, model, cluster)
+    errors = rule_violations(layout, model, cluster)
     if errors:
         raise errors[0]

@@ -17,7 +17,8 @@ nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are ta
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -73,8 +74,13 @@ class GroupShape:
 
     ranks: np.ndarray
     ranks_per_domain: np.ndarray
+    # Bus bandwidths already computed for this group, by (cluster, NVLS gain applied): the TP and
+    # data-parallel groups serve several collectives each.
+    _bus_cache: dict[tuple[int, bool], tuple[ClusterSpec, np.ndarray]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
-    @property
+    @cached_property
     def domains(self) -> np.ndarray:
         return np.maximum(1, np.ceil(self.ranks / np.maximum(self.ranks_per_domain, 1)))
 
@@ -94,8 +100,13 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     """Achievable bus bandwidth (bytes/s) of the slowest tier the collective crosses (Simple ring)."""
     p = cluster.params
     gpu = cluster.gpu
+    nvls = collective == ALL_REDUCE and gpu.nvls
+    key = (id(cluster), nvls)
+    hit = group._bus_cache.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
     nvlink = gpu.nvlink_bytes_per_s * p.nvlink_bus_efficiency * np.ones(group.ranks.shape)
-    if collective == ALL_REDUCE and gpu.nvls:
+    if nvls:
         nvlink = nvlink * _NVLS_GAIN
     domains = group.domains
     nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * np.minimum(
@@ -106,7 +117,9 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
         * p.net_bus_efficiency
         / (1.0 + p.net_scale_degradation * np.log2(np.maximum(domains, 1)))
     )
-    return np.where(domains > 1, np.minimum(nvlink, net), nvlink)
+    bw = np.where(domains > 1, np.minimum(nvlink, net), nvlink)
+    group._bus_cache[key] = (cluster, bw)
+    return bw
 
 
 @dataclass(frozen=True)
@@ -123,10 +136,33 @@ class CollectiveCase:
     steps: np.ndarray
     cluster: ClusterSpec
 
+    # Terms every protocol shares, computed once (the same arithmetic, so the same bits).
+    @cached_property
+    def traffic(self) -> np.ndarray:
+        """Bytes over the bus: the buffer times the bus factor."""
+        return self.nbytes * self.factor
+
+    @cached_property
+    def net_base_latency_us(self) -> np.ndarray:
+        return np.where(self.multi, self.cluster.params.net_base_latency_us, 0.0)
+
+    @cached_property
+    def nvlink_steps_latency_us(self) -> np.ndarray:
+        return self.steps * self.cluster.params.nvlink_step_latency_us
+
+    @cached_property
+    def tree_chain_latency_us(self) -> np.ndarray:
+        return (self.ranks_per_domain - 1.0) * self.cluster.params.nvlink_step_latency_us
+
+    @cached_property
+    def tree_levels_latency_us(self) -> np.ndarray:
+        return np.log2(np.maximum(self.domains, 1.0)) * self.cluster.params.tree_level_latency_us
+
     def base_latency_us(self, proto: Protocol) -> np.ndarray:
         p = self.cluster.params
-        return proto.base_latency_us * p.base_latency_us / _SIMPLE_BASE_LATENCY_US + np.where(
-            self.multi, p.net_base_latency_us, 0.0
+        return (
+            proto.base_latency_us * p.base_latency_us / _SIMPLE_BASE_LATENCY_US
+            + self.net_base_latency_us
         )
 
 
@@ -134,25 +170,28 @@ def _ring_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
     """A ring is a pipeline: once it spans nodes, every step waits on the slowest hop."""
     p = c.cluster.params
     nvl_lat, net_lat = p.nvlink_step_latency_us, p.net_step_latency_us
-    bw_factor = np.where(c.multi, proto.ring_bw_factor_multi_node, proto.ring_bw_factor_single_node)
-    ring_bw = c.busbw * bw_factor
+    if proto.ring_bw_factor_multi_node == proto.ring_bw_factor_single_node:
+        ring_bw = c.busbw * proto.ring_bw_factor_multi_node
+    else:
+        ring_bw = c.busbw * np.where(
+            c.multi, proto.ring_bw_factor_multi_node, proto.ring_bw_factor_single_node
+        )
     latency_us = c.base_latency_us(proto) + np.where(
         c.multi,
         c.steps
         * np.maximum(nvl_lat * proto.nvlink_latency_factor, net_lat * proto.net_latency_factor),
-        c.steps * nvl_lat * proto.nvlink_latency_factor,
+        c.nvlink_steps_latency_us * proto.nvlink_latency_factor,
     )
-    return latency_us * 1e-6 + c.nbytes * c.factor / ring_bw
+    return latency_us * 1e-6 + c.traffic / ring_bw
 
 
 def _tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
     """NCCL's tree: NVLink chain inside the node, a binary tree across nodes (multi-node only)."""
-    p = c.cluster.params
     tree_latency_us = c.base_latency_us(proto) + 2.0 * (
-        (c.ranks_per_domain - 1.0) * p.nvlink_step_latency_us * proto.nvlink_latency_factor
-        + np.log2(np.maximum(c.domains, 1.0)) * p.tree_level_latency_us * proto.net_latency_factor
+        c.tree_chain_latency_us * proto.nvlink_latency_factor
+        + c.tree_levels_latency_us * proto.net_latency_factor
     )
-    tree = tree_latency_us * 1e-6 + c.nbytes * c.factor / (c.busbw * proto.tree_bw_factor)
+    tree = tree_latency_us * 1e-6 + c.traffic / (c.busbw * proto.tree_bw_factor)
     return np.where(c.multi, tree, np.inf)
 
 

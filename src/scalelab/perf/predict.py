@@ -1,13 +1,25 @@
 """The predictor: one training step of many layouts at once, and its breakdown.
 
-`predict(model, cluster, table)` evaluates every layout in a `LayoutTable` with numpy arrays and
-returns a `Prediction` of named arrays; `predict_layout` is the one-layout convenience that
-returns a flat, JSON-ready dict (the fields `scalelab predict --json` prints).
+Composed the way torchtitan's `parallelize` applies one parallelism after another: a
+`StepContext` of arrays is built once per call (degrees, micro-batches, per-layer compute), then
+one vectorised function per parallelism prices what it adds to a layer or a step:
+
+- `tensor_parallel`: TP's activation collectives on the critical path of every layer;
+- `context_parallel`: the exposed part of CP's K/V ring;
+- `recomputation`: what activation recomputation adds to every layer's backward;
+- `data_parallel`: FSDP/HSDP/ZeRO/DDP's per-layer AllGather and gradient reduction;
+- `flat_step` (no pipeline: the two streams simulated layer by layer) or `pipeline_parallel`
+  (the schedule's bubble, send/recv and per-stage data-parallel traffic);
+- `optimizer_step`: AdamW and ZeRO's parameter AllGather;
+
+and `predict` composes them and derives the metrics (`scalelab.metrics` names) into a typed
+`Prediction`. `predict_layout` is the one-layout convenience returning a flat, JSON-ready dict
+(the fields `scalelab predict --json` prints).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -17,7 +29,13 @@ from scalelab.config.layout import Layout, LayoutTable, check
 from scalelab.config.model import ModelSpec, flops_utilisation
 from scalelab.metrics import canonical
 from scalelab.perf import comm
-from scalelab.perf.compute import BF16_BYTES, FP32_BYTES, layer_compute, optimizer_time
+from scalelab.perf.compute import (
+    BF16_BYTES,
+    FP32_BYTES,
+    LayerCompute,
+    layer_compute,
+    optimizer_time,
+)
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
 from scalelab.perf.schedule import pipeline_bubble_units, simulate_microbatch
@@ -37,18 +55,60 @@ ASSUMPTIONS = (
 
 @dataclass
 class Prediction:
-    """Named arrays, one entry per layout."""
+    """The predictor's result: one array per metric (`scalelab.metrics`), one entry per layout."""
 
-    values: dict[str, np.ndarray] = field(default_factory=dict)
+    step_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tokens_per_s_per_gpu: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    compute_s: np.ndarray
+    exposed_comm_s: np.ndarray
+    exposed_comm_fraction: np.ndarray
+    dp_all_gather_s: np.ndarray
+    dp_all_gather_exposed_s: np.ndarray
+    dp_grad_reduce_s: np.ndarray
+    dp_grad_reduce_exposed_s: np.ndarray
+    zero_param_all_gather_s: np.ndarray
+    tp_comm_s: np.ndarray
+    cp_comm_exposed_s: np.ndarray
+    pp_p2p_s: np.ndarray
+    pp_bubble_s: np.ndarray
+    recompute_s: np.ndarray
+    optimizer_s: np.ndarray
+    overhead_s: np.ndarray
+    memory_parameters_bytes: np.ndarray
+    memory_gradients_bytes: np.ndarray
+    memory_optimizer_bytes: np.ndarray
+    memory_activations_bytes: np.ndarray
+    memory_fsdp_buffers_bytes: np.ndarray
+    memory_reserve_bytes: np.ndarray
+    memory_total_bytes: np.ndarray
+    memory_capacity_bytes: np.ndarray
+    fits: np.ndarray
+    power_w_per_gpu: np.ndarray
+    energy_j: np.ndarray
+    energy_per_token_j: np.ndarray
+    tokens_per_j: np.ndarray
+    data_parallel: np.ndarray
+    dp_shard: np.ndarray
+    dp_replicate: np.ndarray
+    n_microbatches: np.ndarray
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self.values[canonical(key)]
+        """The array of a metric, by its name or a documented alias (`tokens_per_joule`)."""
+        value: np.ndarray = getattr(self, canonical(key))
+        return value
 
     def keys(self) -> list[str]:
-        return list(self.values)
+        return [f.name for f in fields(self)]
+
+    @property
+    def values(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __len__(self) -> int:
-        return len(next(iter(self.values.values())))
+        return len(self.step_time_s)
 
     def row(self, i: int) -> dict[str, float | bool]:
         out: dict[str, float | bool] = {}
@@ -58,74 +118,149 @@ class Prediction:
         return out
 
 
-def _ones(n: int) -> np.ndarray:
-    return np.ones(n, dtype=float)
+# The context: built once, read by every parallelism's cost. -----------------------------------
+@dataclass(frozen=True)
+class StepContext:
+    """Arrays over layouts that every parallelism's cost reads, computed once per `predict`."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    table: LayoutTable
+    n: int
+    tp: np.ndarray
+    tp_f: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    dp: np.ndarray
+    dp_shard: np.ndarray  # ranks parameters are sharded over (`LayoutTable.dp_shard_for`)
+    dp_replicate: np.ndarray
+    micro_batch: np.ndarray
+    seq_len: np.ndarray
+    n_microbatches: np.ndarray
+    m_f: np.ndarray
+    virtual_stages: np.ndarray
+    sequence_parallel: np.ndarray  # SP in effect (tp > 1)
+    layers_per_stage: np.ndarray  # uneven splits put ceil(L / (pp*v)) layers in the slowest chunk
+    call_s: float  # the framework's host-side cost of issuing one collective
+    compute: LayerCompute
+
+    @property
+    def ones(self) -> np.ndarray:
+        return np.ones(self.n, dtype=float)
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Prediction:
-    """Predict step time, throughput, MFU, breakdown, memory and power for every layout."""
-    p = cluster.params
-    n = len(table)
-    L = model.n_layers
+def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> StepContext:
     t, pp, cp = table.tp, table.pp, table.cp
     dp = table.dp
     ds = table.dp_shard_for(cluster.gpus_per_node)
-    dr = np.maximum(1, dp // np.maximum(ds, 1))
     m = table.n_microbatches
     v = table.virtual_stages
-    mb, s = table.micro_batch, table.seq_len
-    sharding = table.sharding
     sp = table.sequence_parallel & (t > 1)
-    fp8 = table.is_fp8
-    materialised_scores = table.materialises_scores
-    recompute = table.recompute
-    tp_f = t.astype(float)
-
-    lc = layer_compute(
+    compute = layer_compute(
         model,
         cluster,
-        micro_batch=mb,
-        seq_len=s,
+        micro_batch=table.micro_batch,
+        seq_len=table.seq_len,
         tp=t,
         cp=cp,
         sequence_parallel=sp,
-        fp8=fp8,
+        fp8=table.is_fp8,
         attention=table.attention,
     )
+    return StepContext(
+        model=model,
+        cluster=cluster,
+        table=table,
+        n=len(table),
+        tp=t,
+        tp_f=t.astype(float),
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        dp_shard=ds,
+        dp_replicate=np.maximum(1, dp // np.maximum(ds, 1)),
+        micro_batch=table.micro_batch,
+        seq_len=table.seq_len,
+        n_microbatches=m,
+        m_f=m.astype(float),
+        virtual_stages=v,
+        sequence_parallel=sp,
+        layers_per_stage=np.ceil(model.n_layers / (pp * v)) * v,
+        call_s=cluster.params.collective_overhead_us * 1e-6,
+        compute=compute,
+    )
 
-    # Tensor parallelism: collectives of the activations on the critical path.
-    tp_group = comm.group_shape(t, _ones(n), cluster)
-    act_bytes = BF16_BYTES * mb * s / cp * model.d_model
+
+# One function per parallelism. ----------------------------------------------------------------
+def tensor_parallel(ctx: StepContext) -> np.ndarray:
+    """Seconds of TP collectives per layer per pass (forward, or backward), on the critical path:
+    AllGather + ReduceScatter twice with sequence parallelism, else AllReduce twice."""
+    cluster = ctx.cluster
+    t, sp = ctx.tp, ctx.sequence_parallel
+    tp_group = comm.group_shape(t, ctx.ones, cluster)
+    act_bytes = BF16_BYTES * ctx.micro_batch * ctx.seq_len / ctx.cp * ctx.model.d_model
     tp_sp = 2.0 * (
         comm.collective_time(comm.ALL_GATHER, act_bytes, tp_group, cluster)
         + comm.collective_time(comm.REDUCE_SCATTER, act_bytes, tp_group, cluster)
     )
     tp_ar = 2.0 * comm.collective_time(comm.ALL_REDUCE, act_bytes, tp_group, cluster)
-    # The framework's host-side cost of issuing one collective (hooks, copies, launch).
-    call_s = p.collective_overhead_us * 1e-6
-    tp_layer = np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
+    call_s = ctx.call_s
+    return np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
 
-    # Context parallelism: K/V ring overlapped with attention.
-    cp_group = comm.group_shape(cp, t, cluster)
-    kv_bytes = 2.0 * BF16_BYTES * mb * s * model.kv_dim / tp_f
-    cp_ring = comm.collective_time(comm.ALL_GATHER, kv_bytes, cp_group, cluster)
-    cp_fwd = np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0)
-    cp_bwd = np.where(cp > 1, np.maximum(0.0, 2.0 * cp_ring - 2.5 * lc.attention_forward_s), 0.0)
 
-    # Recomputation in backward.
-    recompute_layer = np.where(
+@dataclass(frozen=True)
+class ContextParallelCost:
+    """Seconds per layer of CP's K/V ring not hidden behind attention."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+
+
+def context_parallel(ctx: StepContext) -> ContextParallelCost:
+    """CP: the K/V ring (an AllGather of K and V) overlapped with the attention it feeds."""
+    cp, lc = ctx.cp, ctx.compute
+    cp_group = comm.group_shape(cp, ctx.tp, ctx.cluster)
+    kv_bytes = 2.0 * BF16_BYTES * ctx.micro_batch * ctx.seq_len * ctx.model.kv_dim / ctx.tp_f
+    cp_ring = comm.collective_time(comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
+    return ContextParallelCost(
+        forward_s=np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0),
+        backward_s=np.where(
+            cp > 1, np.maximum(0.0, 2.0 * cp_ring - 2.5 * lc.attention_forward_s), 0.0
+        ),
+    )
+
+
+def recomputation(ctx: StepContext, tp_layer: np.ndarray, cp: ContextParallelCost) -> np.ndarray:
+    """Seconds per layer that recomputation adds to backward: the whole forward (with its TP and
+    CP communication) for `full`; the attention core and element-wise ops for `selective`."""
+    lc, table = ctx.compute, ctx.table
+    return np.where(
         table.recompute_full,
-        lc.forward_s + tp_layer + cp_fwd,
+        lc.forward_s + tp_layer + cp.forward_s,
         np.where(table.recompute_selective, lc.attention_forward_s + lc.elementwise_forward_s, 0.0),
     )
-    fwd = lc.forward_s + tp_layer + cp_fwd
-    bwd = lc.backward_s + tp_layer + cp_bwd + recompute_layer
 
-    # Data parallelism.
+
+@dataclass(frozen=True)
+class DataParallelCost:
+    """Per-layer (and root: embedding, final norm, head) data-parallel collectives."""
+
+    all_gather_s: np.ndarray
+    grad_reduce_s: np.ndarray
+    root_all_gather_s: np.ndarray
+    root_grad_reduce_s: np.ndarray
+    shard_group: comm.GroupShape
+    root_params: Any  # parameters outside the layers, per TP rank
+
+
+def data_parallel(ctx: StepContext) -> DataParallelCost:
+    """FSDP/HSDP: AllGather each layer's parameters, ReduceScatter its gradients (then HSDP's
+    AllReduce across replicas); ZeRO-1/2: ReduceScatter; DDP: AllReduce."""
+    model, cluster, table = ctx.model, ctx.cluster, ctx.table
+    dp, ds, tp_f = ctx.dp, ctx.dp_shard, ctx.tp_f
     full_shard = table.shards_params
-    zero12 = table.is_zero
-    shard_group = comm.group_shape(np.where(full_shard, ds, dp), t * cp, cluster)
-    replica_group = comm.group_shape(dr, t * cp * ds, cluster)
+    shard_group = comm.group_shape(np.where(full_shard, ds, dp), ctx.tp * ctx.cp, cluster)
+    replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.cp * ds, cluster)
     layer_param_bytes = PARAM_GATHER_BYTES * model.layer_params / tp_f
     layer_grad_bytes = GRAD_REDUCE_BYTES * model.layer_params / tp_f
     ag = np.where(
@@ -141,49 +276,91 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     grad_reduce = np.where(
         full_shard,
         rs_shard + np.where(table.is_hsdp, ar_replica, 0.0),
-        np.where(zero12, rs_shard, ar_full),
+        np.where(table.is_zero, rs_shard, ar_full),
     )
-    grad_reduce = np.where(dp > 1, grad_reduce + call_s, 0.0)
-    ag = np.where((dp > 1) & full_shard, ag + call_s, 0.0)
+    grad_reduce = np.where(dp > 1, grad_reduce + ctx.call_s, 0.0)
+    ag = np.where((dp > 1) & full_shard, ag + ctx.call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
     root_scale = root_params / model.layer_params * tp_f
-    root_ag = ag * root_scale
-    root_rs = grad_reduce * root_scale
+    return DataParallelCost(
+        all_gather_s=ag,
+        grad_reduce_s=grad_reduce,
+        root_all_gather_s=ag * root_scale,
+        root_grad_reduce_s=grad_reduce * root_scale,
+        shard_group=shard_group,
+        root_params=root_params,
+    )
 
-    # Non-pipelined step: simulated streams.
+
+@dataclass(frozen=True)
+class StepCost:
+    """One step's main loop (without optimizer and fixed overhead)."""
+
+    time_s: np.ndarray
+    compute_busy_s: np.ndarray
+    dp_exposed_s: np.ndarray
+    bubble_s: np.ndarray
+    p2p_s: np.ndarray
+
+
+def flat_step(
+    ctx: StepContext, fwd: np.ndarray, bwd: np.ndarray, dpc: DataParallelCost
+) -> StepCost:
+    """No pipeline: micro-batches on the simulated compute and communication streams; gradients
+    are reduced with the last one."""
+    lc = ctx.compute
     common: dict[str, Any] = dict(
-        n_layers=L,
+        n_layers=ctx.model.n_layers,
         forward_s=fwd,
         backward_s=bwd,
         head_forward_s=lc.head_forward_s,
         head_backward_s=lc.head_backward_s,
-        all_gather_s=ag,
-        grad_reduce_s=grad_reduce,
-        root_all_gather_s=root_ag,
-        root_grad_reduce_s=root_rs,
-        gather_in_backward=table.reshard_after_forward,
-        overlap_slowdown=p.overlap_slowdown,
+        all_gather_s=dpc.all_gather_s,
+        grad_reduce_s=dpc.grad_reduce_s,
+        root_all_gather_s=dpc.root_all_gather_s,
+        root_grad_reduce_s=dpc.root_grad_reduce_s,
+        gather_in_backward=ctx.table.reshard_after_forward,
+        overlap_slowdown=ctx.cluster.params.overlap_slowdown,
     )
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
-    m_f = m.astype(float)
-    flat_time = last.time_s + (m_f - 1.0) * other.time_s
-    flat_busy = last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s
-    flat_exposed = last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s
+    m_f = ctx.m_f
+    zeros = np.zeros(ctx.n)
+    return StepCost(
+        time_s=last.time_s + (m_f - 1.0) * other.time_s,
+        compute_busy_s=last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s,
+        dp_exposed_s=last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s,
+        bubble_s=zeros,
+        p2p_s=zeros,
+    )
 
-    # Pipelined step.
-    # Uneven splits put ceil(L / (pp*v)) layers in the slowest chunk.
-    layers_per_stage = np.ceil(L / (pp * v)) * v
+
+def pipeline_parallel(
+    ctx: StepContext, fwd: np.ndarray, bwd: np.ndarray, dpc: DataParallelCost
+) -> StepCost:
+    """PP: each stage runs every micro-batch's forward and backward plus the schedule's bubble
+    and the activations' send/recv; FSDP's collectives happen once per step and overlap per
+    layer (the part that does not, and the slowdown of the part that does, is exposed)."""
+    lc, pp, v, m_f = ctx.compute, ctx.pp, ctx.virtual_stages, ctx.m_f
+    layers_per_stage = ctx.layers_per_stage
+    ag, grad_reduce = dpc.all_gather_s, dpc.grad_reduce_s
     stage_fwd = layers_per_stage * fwd + lc.head_forward_s
     stage_bwd = layers_per_stage * bwd + lc.head_backward_s
-    bubble_units = pipeline_bubble_units(pp, v, table.pp_schedule)
+    bubble_units = pipeline_bubble_units(pp, v, ctx.table.pp_schedule)
     bubble = bubble_units * (stage_fwd + stage_bwd)
-    p2p_group = comm.group_shape(2 * _ones(n).astype(np.int64), table.gpus // pp, cluster)
-    p2p_bytes = BF16_BYTES * mb * s / cp * model.d_model / np.where(sp, tp_f, 1.0)
-    p2p = comm.collective_time(comm.SEND_RECV, p2p_bytes, p2p_group, cluster)
+    p2p_group = comm.group_shape(2 * ctx.ones.astype(np.int64), ctx.table.gpus // pp, ctx.cluster)
+    p2p_bytes = (
+        BF16_BYTES
+        * ctx.micro_batch
+        * ctx.seq_len
+        / ctx.cp
+        * ctx.model.d_model
+        / np.where(ctx.sequence_parallel, ctx.tp_f, 1.0)
+    )
+    p2p = comm.collective_time(comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
     p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
-    slow = p.overlap_slowdown
-    dp_exposed_pp = (
+    slow = ctx.cluster.params.overlap_slowdown
+    dp_exposed = (
         layers_per_stage
         * (
             np.maximum(0.0, ag - fwd)
@@ -191,121 +368,154 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
             + np.maximum(0.0, grad_reduce - bwd)
             + slow * np.minimum(grad_reduce, bwd)
         )
-        + root_ag
-        + root_rs
+        + dpc.root_all_gather_s
+        + dpc.root_grad_reduce_s
     )
-    pp_compute = m_f * (stage_fwd + stage_bwd)
-    pp_time = pp_compute + bubble + p2p_total + dp_exposed_pp
-
-    is_pp = pp > 1
-    main_time = np.where(is_pp, pp_time, flat_time)
-    compute_busy = np.where(is_pp, pp_compute, flat_busy)
-    dp_exposed = np.where(is_pp, dp_exposed_pp, flat_exposed)
-    bubble_s = np.where(is_pp, bubble, 0.0)
-    p2p_s = np.where(is_pp, p2p_total, 0.0)
-
-    # Optimizer, ZeRO's parameter AllGather, fixed per-step overhead.
-    stage_params = layers_per_stage * model.layer_params / tp_f + np.where(
-        is_pp, root_params / 2, root_params
+    compute = m_f * (stage_fwd + stage_bwd)
+    return StepCost(
+        time_s=compute + bubble + p2p_total + dp_exposed,
+        compute_busy_s=compute,
+        dp_exposed_s=dp_exposed,
+        bubble_s=bubble,
+        p2p_s=p2p_total,
     )
-    opt_div = np.where(table.is_ddp, 1, np.where(zero12, dp, ds))
-    optimizer_s = optimizer_time(stage_params / opt_div, cluster)
+
+
+def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray, np.ndarray]:
+    """AdamW over the parameters this GPU owns, and ZeRO-1/2's parameter AllGather after it."""
+    model, table, dp = ctx.model, ctx.table, ctx.dp
+    is_pp = ctx.pp > 1
+    stage_params = ctx.layers_per_stage * model.layer_params / ctx.tp_f + np.where(
+        is_pp, dpc.root_params / 2, dpc.root_params
+    )
+    opt_div = np.where(table.is_ddp, 1, np.where(table.is_zero, dp, ctx.dp_shard))
+    optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
     zero_ag = np.where(
-        zero12 & (dp > 1),
+        table.is_zero & (dp > 1),
         comm.collective_time(
-            comm.ALL_GATHER, PARAM_GATHER_BYTES * stage_params, shard_group, cluster
+            comm.ALL_GATHER, PARAM_GATHER_BYTES * stage_params, dpc.shard_group, ctx.cluster
         ),
         0.0,
     )
-    overhead_s = np.full(n, p.step_overhead_ms * 1e-3)
-    step = main_time + optimizer_s + zero_ag + overhead_s
+    return optimizer_s, zero_ag
 
-    tp_total = m_f * layers_per_stage * tp_layer * np.where(table.recompute_full, 3.0, 2.0)
-    cp_total = m_f * layers_per_stage * (cp_fwd + cp_bwd)
-    recompute_total = m_f * layers_per_stage * recompute_layer
+
+# The composition. ------------------------------------------------------------------------------
+def _select(is_pp: np.ndarray, pipelined: StepCost, flat: StepCost) -> StepCost:
+    return StepCost(
+        **{
+            f.name: np.where(is_pp, getattr(pipelined, f.name), getattr(flat, f.name))
+            for f in fields(StepCost)
+        }
+    )
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Prediction:
+    """Predict step time, throughput, MFU, breakdown, memory and power for every layout."""
+    ctx = build_context(model, cluster, table)
+    lc = ctx.compute
+
+    tp_layer = tensor_parallel(ctx)
+    cpc = context_parallel(ctx)
+    recompute_layer = recomputation(ctx, tp_layer, cpc)
+    fwd = lc.forward_s + tp_layer + cpc.forward_s
+    bwd = lc.backward_s + tp_layer + cpc.backward_s + recompute_layer
+    dpc = data_parallel(ctx)
+
+    is_pp = ctx.pp > 1
+    main = _select(is_pp, pipeline_parallel(ctx, fwd, bwd, dpc), flat_step(ctx, fwd, bwd, dpc))
+    optimizer_s, zero_ag = optimizer_step(ctx, dpc)
+    overhead_s = np.full(ctx.n, cluster.params.step_overhead_ms * 1e-3)
+    step = main.time_s + optimizer_s + zero_ag + overhead_s
+
+    # Totals per step, for the breakdown.
+    m_f, layers = ctx.m_f, ctx.layers_per_stage
+    tp_total = m_f * layers * tp_layer * np.where(table.recompute_full, 3.0, 2.0)
+    cp_total = m_f * layers * (cpc.forward_s + cpc.backward_s)
+    recompute_total = m_f * layers * recompute_layer
     passes_with_ag = np.where(is_pp, 1.0, m_f) * np.where(table.reshard_after_forward, 2.0, 1.0)
-    ag_total = layers_per_stage * ag * passes_with_ag + root_ag * np.where(is_pp, 1.0, m_f)
-    reduce_total = layers_per_stage * grad_reduce + root_rs
+    ag_total = layers * dpc.all_gather_s * passes_with_ag + dpc.root_all_gather_s * np.where(
+        is_pp, 1.0, m_f
+    )
+    reduce_total = layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s
     dp_total = ag_total + reduce_total
     share_ag = np.where(dp_total > 0, ag_total / np.maximum(dp_total, 1e-30), 0.0)
-    exposed_comm = dp_exposed + tp_total + cp_total + p2p_s + zero_ag
-    compute_s = compute_busy - tp_total - cp_total
+    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag
+    compute_s = main.compute_busy_s - tp_total - cp_total
 
-    tokens_per_step = table.global_batch * s
-    tokens_per_s = tokens_per_step / step
+    # Throughput and utilisation (definitions in scalelab.config.model).
+    s = ctx.seq_len
+    tokens_per_s = table.global_batch * s / step
     gpus = table.gpus.astype(float)
-    peak = np.where(fp8, cluster.gpu.peak_flops("fp8"), cluster.gpu.peak_flops("bf16"))
+    peak = np.where(table.is_fp8, cluster.gpu.peak_flops("fp8"), cluster.gpu.peak_flops("bf16"))
     model_flops = model.model_flops_per_token(s)
-    hardware_flops = model_flops + model.recompute_flops_per_token(recompute, s)
-    mfu = flops_utilisation(model_flops, tokens_per_s, gpus, peak)
-    hfu = flops_utilisation(hardware_flops, tokens_per_s, gpus, peak)
+    hardware_flops = model_flops + model.recompute_flops_per_token(table.recompute, s)
 
+    full_shard = table.shards_params
     mem = memory_per_gpu(
         model,
         cluster,
-        tp=t,
-        pp=pp,
-        cp=cp,
-        dp=dp,
-        dp_shard=np.where(full_shard, ds, dp),
-        sharding=sharding,
-        micro_batch=mb,
+        tp=ctx.tp,
+        pp=ctx.pp,
+        cp=ctx.cp,
+        dp=ctx.dp,
+        dp_shard=np.where(full_shard, ctx.dp_shard, ctx.dp),
+        sharding=table.sharding,
+        micro_batch=ctx.micro_batch,
         seq_len=s,
-        n_microbatches=m,
-        virtual_stages=v,
+        n_microbatches=ctx.n_microbatches,
+        virtual_stages=ctx.virtual_stages,
         schedule=table.pp_schedule,
-        recompute=recompute,
-        sequence_parallel=sp,
-        math_attention=materialised_scores,
+        recompute=table.recompute,
+        sequence_parallel=ctx.sequence_parallel,
+        math_attention=table.materialises_scores,
     )
-    memory_total = mem.total_bytes
-    power = average_power_w(cluster, step, compute_busy + optimizer_s, exposed_comm)
+    power = average_power_w(cluster, step, main.compute_busy_s + optimizer_s, exposed_comm)
     energy_per_token = power * gpus / tokens_per_s
 
-    values = {
-        "step_time_s": step,
-        "tokens_per_s": tokens_per_s,
-        "tokens_per_s_per_gpu": tokens_per_s / gpus,
-        "mfu": mfu,
-        "hfu": hfu,
-        "compute_s": compute_s,
-        "exposed_comm_s": exposed_comm,
-        "exposed_comm_fraction": exposed_comm / step,
-        "dp_all_gather_s": ag_total,
-        "dp_all_gather_exposed_s": dp_exposed * share_ag,
-        "dp_grad_reduce_s": reduce_total,
-        "dp_grad_reduce_exposed_s": dp_exposed * (1.0 - share_ag),
-        "zero_param_all_gather_s": zero_ag,
-        "tp_comm_s": tp_total,
-        "cp_comm_exposed_s": cp_total,
-        "pp_p2p_s": p2p_s,
-        "pp_bubble_s": bubble_s,
-        "recompute_s": recompute_total,
-        "optimizer_s": optimizer_s,
-        "overhead_s": overhead_s,
-        "memory_parameters_bytes": mem.parameters_bytes,
-        "memory_gradients_bytes": mem.gradients_bytes,
-        "memory_optimizer_bytes": mem.optimizer_bytes,
-        "memory_activations_bytes": mem.activations_bytes,
-        "memory_fsdp_buffers_bytes": mem.fsdp_buffers_bytes,
-        "memory_reserve_bytes": mem.reserve_bytes,
-        "memory_total_bytes": memory_total,
-        "memory_capacity_bytes": np.full(n, cluster.gpu.hbm_bytes),
-        "fits": memory_total <= cluster.gpu.hbm_bytes,
-        "power_w_per_gpu": power,
-        "energy_per_token_j": energy_per_token,
-        "energy_j": power * gpus * step,
-        "tokens_per_j": 1.0 / energy_per_token,
-        "data_parallel": dp.astype(float),
-        "dp_shard": np.where(full_shard, ds, dp).astype(float),
-        "dp_replicate": np.where(table.is_hsdp, dr, 1).astype(float),
-        "n_microbatches": m_f,
-    }
-    return Prediction(values)
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=tokens_per_s / gpus,
+        mfu=flops_utilisation(model_flops, tokens_per_s, gpus, peak),
+        hfu=flops_utilisation(hardware_flops, tokens_per_s, gpus, peak),
+        compute_s=compute_s,
+        exposed_comm_s=exposed_comm,
+        exposed_comm_fraction=exposed_comm / step,
+        dp_all_gather_s=ag_total,
+        dp_all_gather_exposed_s=main.dp_exposed_s * share_ag,
+        dp_grad_reduce_s=reduce_total,
+        dp_grad_reduce_exposed_s=main.dp_exposed_s * (1.0 - share_ag),
+        zero_param_all_gather_s=zero_ag,
+        tp_comm_s=tp_total,
+        cp_comm_exposed_s=cp_total,
+        pp_p2p_s=main.p2p_s,
+        pp_bubble_s=main.bubble_s,
+        recompute_s=recompute_total,
+        optimizer_s=optimizer_s,
+        overhead_s=overhead_s,
+        memory_parameters_bytes=mem.parameters_bytes,
+        memory_gradients_bytes=mem.gradients_bytes,
+        memory_optimizer_bytes=mem.optimizer_bytes,
+        memory_activations_bytes=mem.activations_bytes,
+        memory_fsdp_buffers_bytes=mem.fsdp_buffers_bytes,
+        memory_reserve_bytes=mem.reserve_bytes,
+        memory_total_bytes=mem.total_bytes,
+        memory_capacity_bytes=np.full(ctx.n, cluster.gpu.hbm_bytes),
+        fits=mem.total_bytes <= cluster.gpu.hbm_bytes,
+        power_w_per_gpu=power,
+        energy_j=power * gpus * step,
+        energy_per_token_j=energy_per_token,
+        tokens_per_j=1.0 / energy_per_token,
+        data_parallel=ctx.dp.astype(float),
+        dp_shard=np.where(full_shard, ctx.dp_shard, ctx.dp).astype(float),
+        dp_replicate=np.where(table.is_hsdp, ctx.dp_replicate, 1).astype(float),
+        n_microbatches=m_f,
+    )
 
 
 def predict_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[str, Any]:
-    """Predict one layout (validated first): a flat dict with every field and the assumptions."""
+    """Predict one layout (rule-checked first): a flat dict with every field and the assumptions."""
     check(layout, model, cluster)
     row = predict(model, cluster, LayoutTable.from_layouts([layout])).row(0)
     return {

@@ -52,12 +52,13 @@ BEST = "best searched layout"
 
 
 def _row(series: str, gpus: int, r: dict[str, Any]) -> dict[str, Any]:
+    pipelined = r["layout"]["pp"] > 1
     return {
         "series": series,
         "gpus": gpus,
         "layout": describe(r["layout"]),
         "family": family(r["layout"]),
-        "pp_schedule": r["layout"]["pp_schedule"] if r["layout"]["pp"] > 1 else "",
+        "pp_schedule": r["layout"]["pp_schedule"] if pipelined else "",
         **{k: r[k] for k, _, _ in METRICS},
         "step_time_s": r["step_time_s"],
         "compute_s": r["compute_s"],

@@ -3,7 +3,7 @@ and exposed communication per rank and per profiler step. Never imports torch.
 
     from scalelab.trace import analyze
     report = analyze(["traces/"])          # files or folders, one trace per rank
-    report.ranks[0].total.exposed_comm_us  # integer microseconds
+    report.ranks[0].total.exposed_comm_ns  # integer nanoseconds
     report.to_dict()                       # JSON-ready
 """
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
 from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.kernels import kernel_report
 from scalelab.trace.load import Parser, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
@@ -21,7 +23,8 @@ from scalelab.trace.report import (
     TraceReport,
     summarise,
 )
-from scalelab.trace.steps import step_windows
+from scalelab.trace.steps import StepWindows, step_windows
+from scalelab.trace.stragglers import StragglerReport, find_stragglers
 
 
 def analyze(
@@ -41,7 +44,37 @@ def analyze(
     files = find_trace_files(items)
     ranks = [analyze_file(f, keep_intervals=keep_intervals, parser=parser) for f in files]
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
-    return TraceReport(ranks=ranks, summary=summarise(ranks))
+    stragglers = _stragglers(ranks)
+    if (
+        stragglers is not None
+    ):  # waits are now known: bandwidth from the time after the last arrival
+        ranks = [
+            replace(r, bandwidth=bandwidth_rows(r.comm_ops)) if r.comm_ops is not None else r
+            for r in ranks
+        ]
+    return TraceReport(
+        ranks=ranks,
+        summary=summarise(ranks, straggler=None if stragglers is None else stragglers.straggler),
+        stragglers=stragglers,
+    )
+
+
+def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
+    """Cross-rank matching, for ranks that say who they are (one trace per rank)."""
+    known = [r for r in ranks if r.rank is not None and r.comm_ops is not None]
+    ids = [r.rank for r in known]
+    if len(known) < 2 or len(set(ids)) != len(ids):
+        return None
+    ops = {int(r.rank): r.comm_ops for r in known if r.rank is not None and r.comm_ops}
+    steps = {
+        int(r.rank): (
+            np.asarray([s.step for s in r.steps], dtype=np.int64),
+            np.asarray([s.start_ns for s in r.steps], dtype=np.int64),
+        )
+        for r in known
+        if r.rank is not None
+    }
+    return find_stragglers(ops, steps)
 
 
 def analyze_file(
@@ -68,20 +101,30 @@ def analyze_file(
     windows = step_windows(timeline)
     sets = _Sets.of(timeline)
 
-    starts = [timeline.activity_start_us, windows.start_us]
-    ends = [timeline.activity_end_us, windows.end_us]
+    starts = [timeline.activity_start_ns, windows.start_ns]
+    ends = [timeline.activity_end_ns, windows.end_ns]
     first = min(int(a.min()) for a in starts if a.size)
     last = max(int(a.max()) for a in ends if a.size)
     total = _measure(sets, np.array([first]), np.array([last]), count_all=True)[0]
+    if windows.numbers.size:
+        first_step, last_step = int(windows.start_ns[0]), int(windows.end_ns[-1])
+        before, after = _measure(
+            sets,
+            np.array([first, max(last_step, first)]),
+            np.array([min(first_step, last), last]),
+        )
+    else:
+        before = after = Breakdown.sum([])
     steps = [
         b.as_step(int(n), int(s))
         for n, s, b in zip(
             windows.numbers,
-            windows.start_us,
-            _measure(sets, windows.start_us, windows.end_us),
+            windows.start_ns,
+            _measure(sets, windows.start_ns, windows.end_ns),
             strict=True,
         )
     ]
+    comm_ops = CommOps.of(timeline)
     return RankReport(
         path=str(path),
         rank=rank,
@@ -93,19 +136,39 @@ def analyze_file(
         total=total,
         steps=steps,
         outside_steps=total.minus(Breakdown.sum(list(steps))),
+        before_steps=before,
+        after_steps=after,
+        launched_before_profiling=_launched_before_profiling(timeline, windows),
+        kernels=kernel_report(
+            timeline, sets.compute, sets.comm, windows.numbers, windows.start_ns, windows.end_ns
+        ),
+        bandwidth=bandwidth_rows(comm_ops),
+        comm_ops=comm_ops,
         notes=list(timeline.notes),
         intervals=(
             RankIntervals(
                 compute=sets.compute,
                 comm=sets.comm,
                 exposed_comm=sets.exposed,
-                first_us=first,
-                last_us=last,
+                first_ns=first,
+                last_ns=last,
             )
             if keep_intervals
             else None
         ),
     )
+
+
+def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
+    """Device events whose launch call is not in the trace (the host launched them before the
+    profiler started) and that start before the first step: work of earlier steps."""
+    device = timeline.device
+    if device is None or windows.numbers.size == 0:
+        return 0
+    unlinked = device.launch_start_ns < 0
+    if unlinked.all():  # a trace without launch links at all says nothing about this
+        return 0
+    return int((unlinked & (timeline.activity_start_ns < windows.start_ns[0])).sum())
 
 
 @dataclass(frozen=True)
@@ -126,13 +189,13 @@ class _Sets:
         collectives = []
         for code in np.unique(t.comm_collective).tolist():
             mine = t.comm_collective == code
-            union = IntervalSet.union_of(t.comm_start_us[mine], t.comm_end_us[mine])
+            union = IntervalSet.union_of(t.comm_start_ns[mine], t.comm_end_ns[mine])
             collectives.append(
                 (
                     COLLECTIVES[code],
                     union,
                     union.difference(t.compute),
-                    np.sort(t.comm_start_us[mine]),
+                    np.sort(t.comm_start_ns[mine]),
                 )
             )
         return cls(
@@ -174,13 +237,13 @@ def _measure(
         }
         out.append(
             Breakdown(
-                wall_us=int(wall[i]),
-                compute_us=int(compute[i]),
-                comm_us=int(comm[i]),
-                overlap_us=int(overlap[i]),
-                exposed_comm_us=int(comm[i] - overlap[i]),
-                copy_only_us=int(copy_only[i]),
-                idle_us=int(wall[i] - busy[i]),
+                wall_ns=int(wall[i]),
+                compute_ns=int(compute[i]),
+                comm_ns=int(comm[i]),
+                overlap_ns=int(overlap[i]),
+                exposed_comm_ns=int(comm[i] - overlap[i]),
+                copy_only_ns=int(copy_only[i]),
+                idle_ns=int(wall[i] - busy[i]),
                 collectives=collectives,
             )
         )

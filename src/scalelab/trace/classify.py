@@ -73,9 +73,34 @@ _COLLECTIVE_KEYS: Final = (
 _NON_LETTERS: Final = re.compile(r"[^a-z]")
 
 
+# Communication kernels that are not NCCL's: PyTorch symmetric memory (`c10d::symmetric_memory::
+# multimem_all_reduce_kernel`, one-/two-shot all-reduce, all-gather), NVSHMEM, and the custom
+# all-reduce kernels of inference and training stacks (vLLM, TensorRT-LLM, FlashInfer, DeepEP).
+# Matched on the lower-cased name.
+OTHER_COMM_KERNEL_MARKERS: Final = (
+    "symmetric_memory",
+    "multimem_",
+    "nvshmem",
+    "one_shot_all_reduce",
+    "two_shot_all_reduce",
+    "oneshotallreduce",
+    "twoshotallreduce",
+    "cross_device_reduce",
+    "custom_all_reduce",
+    "customallreduce",
+    "allreduce_fusion",
+    "lamport",
+    "deep_ep",
+)
+
+
 def is_comm_kernel(name: str) -> bool:
-    """An NCCL/RCCL kernel (RCCL keeps NCCL's kernel names): `nccl...` or `...ncclKernel...`."""
-    return name.startswith(("nccl", "rccl")) or "ncclKernel" in name
+    """A communication kernel: NCCL/RCCL (RCCL keeps NCCL's kernel names: `nccl...` or
+    `...ncclKernel...`), or symmetric-memory, NVSHMEM and custom all-reduce kernels."""
+    if name.startswith(("nccl", "rccl")) or "ncclKernel" in name:
+        return True
+    lower = name.lower()
+    return any(marker in lower for marker in OTHER_COMM_KERNEL_MARKERS)
 
 
 def collective_from_label(label: str) -> str | None:
@@ -98,13 +123,92 @@ def collective_from_label(label: str) -> str | None:
 def collective_from_kernel(name: str) -> str | None:
     """The collective in an NCCL kernel name: `ncclKernel_AllReduce_RING_LL_Sum_float(...)` ->
     AllReduce; None for names without one (`ncclDevKernel_Generic`)."""
-    head = name.split("(", 1)[0]
+    head = name.split("(", 1)[0].split("<", 1)[0]
     parts = head.split("_")
-    if len(parts) < 2:
-        return None
-    return collective_from_label(parts[1])
+    if len(parts) >= 2:  # ncclKernel_AllReduce_RING_LL_Sum_float
+        found = collective_from_label(parts[1])
+        if found is not None:
+            return found
+    # Other communication kernels name the collective somewhere: multimem_all_reduce_kernel,
+    # two_shot_all_reduce_kernel, cross_device_reduce_2stage, nvshmem ... alltoall ...
+    key = _NON_LETTERS.sub("", head.rsplit("::", 1)[-1].lower())
+    for marker, collective in _KERNEL_MARKERS:
+        if marker in key:
+            return collective
+    return None
+
+
+_KERNEL_MARKERS: Final = (
+    ("reducescatter", "ReduceScatter"),
+    ("allreduce", "AllReduce"),
+    ("crossdevicereduce", "AllReduce"),
+    ("allgather", "AllGather"),
+    ("alltoall", "AllToAll"),
+    ("broadcast", "Broadcast"),
+    ("sendrecv", "SendRecv"),
+    ("barrier", "Barrier"),
+)
 
 
 def is_cpu_comm_op(name: str) -> bool:
     """A host operator that enqueues or waits for a collective (c10d, functional collectives)."""
     return name.startswith(CPU_COMM_OP_PREFIXES)
+
+
+# Kernel classes for the kernel breakdown. Name markers, matched on the lower-cased name in this
+# order (attention before GEMM: flash-attention kernels contain "gemm"-like words).
+KERNEL_CLASSES: Final = ("GEMM", "attention", "element-wise", "communication", "memory", "other")
+_CLASS_MARKERS: Final = (
+    (
+        "attention",
+        ("flash", "fmha", "attention", "attn", "sdpa", "mha_", "_mha", "paged_kv", "cudnn_mha"),
+    ),
+    (
+        "GEMM",
+        (
+            "gemm",
+            "xmma",
+            "cutlass",
+            "matmul",
+            "nvjet",
+            "cublas",
+            "gemv",
+            "cijk_",
+            "wgmma",
+            "hgemm",
+            "sgemm",
+            "dot_kernel",
+            "splitkreduce",
+        ),
+    ),
+    ("memory", ("memcpy", "memset", "copy_kernel", "copykernel", "cat_array", "fill_kernel")),
+    (
+        "element-wise",
+        (
+            "elementwise",
+            "element_wise",
+            "vectorized",
+            "pointwise",
+            "triton_poi",
+            "multi_tensor_apply",
+            "unrolled",
+            "activation",
+            "gelu",
+            "silu",
+            "relu",
+        ),
+    ),
+)
+
+
+def kernel_class(name: str, kind: int) -> str:
+    """The class of a device event: communication and copies by kind, kernels by name."""
+    if kind == COMM:
+        return "communication"
+    if kind == COPY:
+        return "memory"
+    lower = name.lower().replace("codegen", "")  # fbgemm's split_embedding_codegen_...: no GEMM
+    for cls, markers in _CLASS_MARKERS:
+        if any(m in lower for m in markers):
+            return cls
+    return "other"

@@ -3,8 +3,9 @@
 One pass over the events in Python sorts out device activity, launch calls, profiler steps and
 collective annotations (CPU traces take a second pass for host operators); fields are then pulled
 out with C-level iteration and everything after that is numpy.
-Timestamps are floored to whole microseconds (start = floor(ts), end = start + floor(dur)), the
-reference convention, which keeps all later arithmetic exact.
+Timestamps become integer nanoseconds (start = round(ts * 1000), end = start + round(dur * 1000)):
+traces write microseconds with up to three decimals (recent PyTorch and ROCm write nanosecond
+resolution), so nothing is lost, and integer arithmetic keeps every later sum exact.
 
 Two kinds of trace come out of it:
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, getitem, itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -44,21 +46,124 @@ class Timeline:
     comm: IntervalSet
     copy: IntervalSet
     # Every communication event: its start, end and collective (an index into classify.COLLECTIVES).
-    comm_start_us: Int64Array
-    comm_end_us: Int64Array
+    comm_start_ns: Int64Array
+    comm_end_ns: Int64Array
     comm_collective: NDArray[np.int16]
     # Every analysed event (gpu: device events; cpu: compute and collective events), for step windows.
-    activity_start_us: Int64Array
-    activity_end_us: Int64Array
+    activity_start_ns: Int64Array
+    activity_end_ns: Int64Array
     # gpu: host time of the launch call of each device event (NaN where the trace does not link it).
     activity_launch_ts: NDArray[np.float64]
-    # Host `ProfilerStep#N` annotations: numbers and [start, end) in floored microseconds.
+    # Host `ProfilerStep#N` annotations: numbers and [start, end) in integer nanoseconds.
     step_numbers: Int64Array
-    step_start_us: Int64Array
-    step_end_us: Int64Array
+    step_start_ns: Int64Array
+    step_end_ns: Int64Array
     n_events: int
     n_lanes: int  # gpu: device streams with activity; cpu: threads that ran collectives
     notes: tuple[str, ...] = ()
+    device: DeviceDetail | None = None  # gpu traces only
+    comm_detail: CommDetail | None = None
+
+
+@dataclass(frozen=True)
+class DeviceDetail:
+    """gpu traces: what each device event is (rows as `activity_*`: kernels, then copies)."""
+
+    kind: NDArray[np.int8]  # classify.COMPUTE / COMM / COPY
+    name_id: NDArray[np.int32]  # index into `names`
+    names: tuple[str, ...]
+    lane: Int64Array  # dense stream index, 0 .. len(lane_labels) - 1
+    lane_labels: tuple[str, ...]  # "device/stream" as the trace names them
+    launch_start_ns: Int64Array  # the launch call's [start, end); -1 where none is linked
+    launch_end_ns: Int64Array
+    # Device-side user annotations (`gpu_user_annotation`): spans and their names.
+    annotation_start_ns: Int64Array
+    annotation_end_ns: Int64Array
+    annotation_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CommDetail:
+    """Metadata of every communication event (rows as `comm_*`), where the trace carries it:
+    record_param_comms / NCCL kernel args (`Process Group Name`, `Seq`, `In/Out msg nelems`,
+    `dtype`, `Group size`). Unknown: "" and -1."""
+
+    group: tuple[str, ...]
+    seq: Int64Array
+    nbytes: Int64Array  # nccl-tests' size: the larger of the input and output message
+    group_size: Int64Array
+    dtype: tuple[str, ...]
+
+    @classmethod
+    def unknown(cls, n: int) -> CommDetail:
+        minus = np.full(n, -1, dtype=np.int64)
+        return cls(("",) * n, minus, minus.copy(), minus.copy(), ("",) * n)
+
+    @classmethod
+    def of(cls, args: list[Any]) -> CommDetail:
+        rows = [_comm_meta(a) for a in args]
+        return cls(
+            tuple(r[0] for r in rows),
+            np.asarray([r[1] for r in rows], dtype=np.int64).reshape(-1),
+            np.asarray([r[2] for r in rows], dtype=np.int64).reshape(-1),
+            np.asarray([r[3] for r in rows], dtype=np.int64).reshape(-1),
+            tuple(r[4] for r in rows),
+        )
+
+
+# Bytes per element of PyTorch's dtype names as record_param_comms writes them.
+DTYPE_BYTES: dict[str, int] = {
+    "Double": 8,
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1,
+    "UInt16": 2,
+    "UInt32": 4,
+    "UInt64": 8,
+}
+
+
+def _int_or(value: Any, default: int = -1) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return default
+
+
+def _comm_meta(args: Any) -> tuple[str, int, int, int, str]:
+    """(group, seq, bytes, group size, dtype) from one event's args (dict or typed)."""
+    if args is None:
+        return "", -1, -1, -1, ""
+    if isinstance(args, dict):
+        values = [
+            args.get(k)
+            for k in ("Process Group Name", "Seq", "In msg nelems", "Out msg nelems", "Group size")
+        ]
+        dtype = args.get("dtype")
+    else:
+        values = [args.pg_name, args.seq, args.in_nelems, args.out_nelems, args.group_size]
+        dtype = args.dtype
+    group, seq, n_in, n_out, size = values
+    dtype = dtype if isinstance(dtype, str) else ""
+    elements = max(_int_or(n_in), _int_or(n_out))
+    width = DTYPE_BYTES.get(dtype, 0)
+    nbytes = elements * width if elements >= 0 and width else -1
+    return (str(group) if group is not None else "", _int_or(seq), nbytes, _int_or(size), dtype)
 
 
 class NeedsGeneralParserError(Exception):
@@ -79,8 +184,74 @@ def extract(raw: RawTrace) -> Timeline:
         raise _locate_bad_event(raw, exc) from None
 
 
+_Buckets = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
+
+
+def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) -> _Buckets:
+    """Sort events into kernels, copies, launch calls, device annotations and named host events
+    (profiler steps, host collectives), with C-level passes (map, compress) over the event list
+    instead of a Python loop: a few tens of nanoseconds per event and pass.
+
+    Kineto writes device events and launch calls as complete 'X' events only, so the category
+    alone decides; named events are those of other categories whose name starts with a prefix.
+    """
+    cats = (
+        list(map(attrgetter("cat"), events))
+        if typed
+        else list(map(dict.get, events, repeat("cat")))
+    )
+    # One small integer per event (0: other), then numpy finds each bucket's rows.
+    codes = np.fromiter(map(_CATEGORY_CODE.get, cats, repeat(0)), np.int8, len(cats))
+
+    def rows(code: int) -> list[Any]:
+        idx = np.flatnonzero(codes == code).tolist()
+        if not idx:
+            return []
+        if len(idx) == 1:
+            return [events[idx[0]]]
+        return list(itemgetter(*idx)(events))
+
+    others = rows(0)
+    if typed:
+        names: list[Any] = list(map(attrgetter("name"), others))
+    else:
+        names = list(map(dict.get, others, repeat("name")))
+    # A cheap first test on the names' first five characters (all prefixes' heads are distinct
+    # at five), then the exact one on the few that pass.
+    heads = {p[:5] for p in named_prefixes}
+    try:
+        flags = list(map(heads.__contains__, map(getitem, names, repeat(_HEAD))))
+    except TypeError:  # a name that is not a string (None, a number): the slow way
+        flags = [n.__class__ is str and n[:5] in heads for n in names]
+    named = [
+        ev
+        for ev, n in zip(compress(others, flags), compress(names, flags), strict=True)
+        if n.startswith(named_prefixes)
+    ]
+    return rows(1), rows(2), rows(3), rows(4), named
+
+
+_HEAD = slice(0, 5)
+
+
+_CATEGORY_CODE: dict[Any, int] = {
+    **dict.fromkeys(classify.KERNEL_CATEGORIES, 1),
+    **dict.fromkeys(classify.COPY_CATEGORIES, 2),
+    **dict.fromkeys(classify.RUNTIME_CATEGORIES, 3),
+    classify.GPU_ANNOTATION_CATEGORY: 4,
+    # Flow and instant events, never a profiler step or a collective annotation: skipped (5).
+    **dict.fromkeys(("ac2g", "async_cpu_to_gpu", "cpu_instant_event", "fwdbwd", "Trace"), 5),
+}
+
+
+_DEVICE_OR_LAUNCH = (
+    classify.KERNEL_CATEGORIES | classify.COPY_CATEGORIES | classify.RUNTIME_CATEGORIES
+)
+
+
 def _extract(raw: RawTrace) -> Timeline:
     events = raw.events
+    n_events = len(events)
     kernel_categories = classify.KERNEL_CATEGORIES
     copy_categories = classify.COPY_CATEGORIES
     runtime_categories = classify.RUNTIME_CATEGORIES
@@ -90,49 +261,26 @@ def _extract(raw: RawTrace) -> Timeline:
         *classify.CPU_COLLECTIVE_PREFIXES,
     )
 
-    # The hot loop only sorts events into buckets by category (Kineto writes device events and
-    # launch calls as complete 'X' events only); fields are pulled out per bucket afterwards with
-    # C-level map/itemgetter (attrgetter for typed events), much faster than event by event here.
-    kernels: list[Any] = []
-    copies: list[Any] = []
-    runtime: list[Any] = []
-    named: list[Any] = []
+    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
     get: Callable[..., Callable[[Any], Any]]
+    kernels, copies, runtime, annotations, named = _buckets(events, raw.typed, named_prefixes)
     if raw.typed:
-        for ev in events:
-            cat = ev.cat
-            if cat in kernel_categories:
-                kernels.append(ev)
-            elif cat in copy_categories:
-                copies.append(ev)
-            elif cat in runtime_categories:
-                runtime.append(ev)
-            else:
-                name = ev.name
-                if name is not None and name.startswith(named_prefixes):
-                    named.append(ev)
-        if not kernels and not copies:
-            raise NeedsGeneralParserError("no device events: a CPU trace")
         from scalelab.trace import schema
 
-        named = [schema.as_dict(ev) for ev in named]
+        if not kernels and not copies:  # a CPU trace: its few host events, as dicts
+            raw = RawTrace(
+                raw.path,
+                [schema.as_dict(ev) for ev in events if ev.ph == "X" or ev.cat is not None],
+                raw.metadata,
+            )
+            events = raw.events
+            named = [ev for ev in events if ev.get("name", "").startswith(named_prefixes)]
+        else:
+            named = [schema.host_dict(ev) for ev in named]
         get = attrgetter
     else:
-        for ev in events:
-            cat = ev.get("cat")
-            if cat in kernel_categories:
-                kernels.append(ev)
-            elif cat in copy_categories:
-                copies.append(ev)
-            elif cat in runtime_categories:
-                runtime.append(ev)
-            else:
-                name = ev.get("name")
-                if name.__class__ is str and name.startswith(named_prefixes):
-                    named.append(ev)
         get = itemgetter
 
-    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
     named = [ev for ev in named if ev.get("ph") == "X"]
     steps = [
         (ev["name"], ev["ts"], ev.get("dur", 0))
@@ -151,37 +299,63 @@ def _extract(raw: RawTrace) -> Timeline:
         if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
     ]
     step_numbers, step_start, step_end = _steps(steps)
+    if (not kernels and not copies) or not runtime:
+        _refuse_unmodelled_device(raw)
     if not kernels and not copies:
         step_lanes = {
             (ev.get("pid"), ev.get("tid"))
             for ev in named
             if ev["name"].startswith(classify.PROFILER_STEP_PREFIX)
         }
-        return _cpu_timeline(raw, cpu_colls, step_lanes, step_numbers, step_start, step_end)
+        return _cpu_timeline(
+            raw, n_events, cpu_colls, step_lanes, step_numbers, step_start, step_end
+        )
 
     device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
-    start, end = _floor_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
+    start, end = _ns_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
     names = _column(kernels, "name", "", get)
-    kind_of = {  # kernels are classified by name, once per distinct name
-        name: classify.COMM
-        if isinstance(name, str) and classify.is_comm_kernel(name)
-        else classify.COMPUTE
-        for name in set(names)
-    }
+    copy_names = _column(copies, "name", "", get)
+    # Distinct names, kernels' first, in order of appearance (dict.fromkeys: at C level).
+    kernel_names = dict.fromkeys(names)
+    n_kernel_names = len(kernel_names)
+    name_index = {n: i for i, n in enumerate({**kernel_names, **dict.fromkeys(copy_names)})}
+    name_id = np.fromiter(map(name_index.__getitem__, names + copy_names), np.int32, len(device))
+    distinct = [str(n) if n is not None else "" for n in name_index]
+    kind_of_name = np.fromiter(  # kernels are classified by name, once per distinct name
+        (
+            classify.COMM if i < n_kernel_names and classify.is_comm_kernel(n) else classify.COMPUTE
+            for i, n in enumerate(distinct)
+        ),
+        np.int8,
+        len(distinct),
+    )
     kind = np.full(len(device), classify.COPY, dtype=np.int8)
-    kind[: len(kernels)] = np.fromiter(map(kind_of.__getitem__, names), np.int8, len(kernels))
+    kind[: len(kernels)] = kind_of_name[name_id[: len(kernels)]]
     comm_idx = np.flatnonzero(kind == classify.COMM)
 
+    rt_ts = _numbers(runtime, "ts", get)
     launch_ts, launch_row = _launch_calls(
-        _correlations(device, get), _correlations(runtime, get), _numbers(runtime, "ts", get)
+        _correlations(device, get), _correlations(runtime, get), rt_ts
+    )
+    linked = launch_row >= 0
+    launch_start = np.full(len(device), -1, dtype=np.int64)
+    launch_end = launch_start.copy()
+    if linked.any():
+        rt_start, rt_end = _ns_times(rt_ts, _numbers(runtime, "dur", get))
+        launch_start[linked] = rt_start[launch_row[linked]]
+        launch_end[linked] = rt_end[launch_row[linked]]
+    lane, lane_labels = _lanes(device, get)
+    ann_start, ann_end = _ns_times(
+        _numbers(annotations, "ts", get), _numbers(annotations, "dur", get)
     )
     comm_list = comm_idx.tolist()
     comm_tids = [
         _field(runtime[r], "tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()
     ]
+    comm_args = [_field(device[i], "args") for i in comm_list]
     collectives = _device_collectives(
         [str(names[i]) for i in comm_list],
-        [_collective_arg(_field(device[i], "args")) for i in comm_list],
+        [_collective_arg(a) for a in comm_args],
         launch_ts[comm_idx],
         comm_tids,
         host_colls,
@@ -196,18 +370,31 @@ def _extract(raw: RawTrace) -> Timeline:
         compute=IntervalSet.union_of(start[is_compute], end[is_compute]),
         comm=IntervalSet.union_of(start[comm_idx], end[comm_idx]),
         copy=IntervalSet.union_of(start[is_copy], end[is_copy]),
-        comm_start_us=start[comm_idx],
-        comm_end_us=end[comm_idx],
+        comm_start_ns=start[comm_idx],
+        comm_end_ns=end[comm_idx],
         comm_collective=collectives,
-        activity_start_us=start,
-        activity_end_us=end,
+        activity_start_ns=start,
+        activity_end_ns=end,
         activity_launch_ts=launch_ts,
         step_numbers=step_numbers,
-        step_start_us=step_start,
-        step_end_us=step_end,
-        n_events=len(events),
-        n_lanes=_count_lanes(device, get),
+        step_start_ns=step_start,
+        step_end_ns=step_end,
+        n_events=n_events,
+        n_lanes=len(lane_labels),
         notes=tuple(notes),
+        device=DeviceDetail(
+            kind=kind,
+            name_id=name_id,
+            names=tuple(distinct),
+            lane=lane,
+            lane_labels=lane_labels,
+            launch_start_ns=launch_start,
+            launch_end_ns=launch_end,
+            annotation_start_ns=ann_start,
+            annotation_end_ns=ann_end,
+            annotation_names=tuple(str(n) for n in _column(annotations, "name", "", get)),
+        ),
+        comm_detail=CommDetail.of(comm_args),
     )
 
 
@@ -230,19 +417,56 @@ def _collective_arg(args: Any) -> str | None:
     return label if isinstance(label, str) else None
 
 
-def _count_lanes(device: list[Any], get: Callable[..., Callable[[Any], Any]]) -> int:
-    """Distinct (device, stream) pairs: Kineto writes a device event's pid = device, tid = stream."""
+def _lanes(
+    device: list[Any], get: Callable[..., Callable[[Any], Any]]
+) -> tuple[Int64Array, tuple[str, ...]]:
+    """Each device event's (device, stream) lane as a dense index, and the lanes' labels: Kineto
+    writes a device event's pid = device, tid = stream."""
     try:
-        if len(set(map(get("pid"), device))) == 1:  # one device: count its streams, cheaply
-            return len(set(map(get("tid"), device)))
-        return len(set(map(get("pid", "tid"), device)))
-    except (KeyError, TypeError):
-        lanes = {
-            (_field(ev, "pid"), _field(ev, "tid"))
-            for ev in device
-            if isinstance(_field(ev, "tid"), (int, str))
-        }
-        return len(lanes)
+        pid = np.fromiter(map(get("pid"), device), np.int64, len(device))
+        tid = np.fromiter(map(get("tid"), device), np.int64, len(device))
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        keys = [(_field(ev, "pid"), _field(ev, "tid")) for ev in device]
+        index: dict[Any, int] = {}
+        lane = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
+        return lane, tuple(f"{p}/{t}" for p, t in index)
+    if pid.size and (pid.min() < 0 or pid.max() >= 2**31 or tid.min() < 0 or tid.max() >= 2**32):
+        key = pid * 1_000_003 + tid  # odd ids: still one number per lane for practical values
+    else:
+        key = (pid << 32) | tid
+    uniq, first, lane = np.unique(key, return_index=True, return_inverse=True)
+    labels = tuple(
+        f"{p}/{t}" for p, t in zip(pid[first].tolist(), tid[first].tolist(), strict=True)
+    )
+    return lane.reshape(-1).astype(np.int64), labels
+
+
+# Kineto categories of device types the analyser does not model (their kernels, copies and
+# launch calls are not CUDA's or ROCm's, so compute and communication cannot be told apart).
+_UNMODELLED_DEVICE_CATEGORIES = {
+    "mtia_runtime": "MTIA",
+    "mtia_ccp_events": "MTIA",
+    "mtia_insight": "MTIA",
+    "xpu_runtime": "XPU",
+    "xpu_driver": "XPU",
+    "hpu_op": "HPU",
+    "hpu_runtime": "HPU",
+    "privateuse1_runtime": "a PrivateUse1 device",
+    "privateuse1_driver": "a PrivateUse1 device",
+}
+
+
+def _refuse_unmodelled_device(raw: RawTrace) -> None:
+    """An InputError for a trace of a device type the analyser does not model, rather than reading
+    it as a CPU trace (checked only for traces without CUDA/ROCm kernels or launch calls)."""
+    seen = {_field(ev, "cat") for ev in raw.events}
+    for cat, device in _UNMODELLED_DEVICE_CATEGORIES.items():
+        if cat in seen:
+            raise InputError(
+                f"{raw.path}: traceEvents",
+                f"a trace of {device} devices ('{cat}' events): scalelab trace models CUDA and "
+                "ROCm GPU traces and CPU (gloo) traces only",
+            )
 
 
 def _column(
@@ -282,6 +506,7 @@ def _correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -
 
 def _cpu_timeline(
     raw: RawTrace,
+    n_events: int,
     cpu_colls: list[tuple[Any, Any, Any, Any, str]],
     step_lanes: set[tuple[Any, Any]],
     step_numbers: Int64Array,
@@ -310,8 +535,8 @@ def _cpu_timeline(
     is_comm_op = np.fromiter(
         (classify.is_cpu_comm_op(op[4]) for op in host_ops), dtype=bool, count=len(host_ops)
     )
-    op_start, op_end = _floor_times([op[2] for op in host_ops], [op[3] for op in host_ops])
-    coll_start, coll_end = _floor_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
+    op_start, op_end = _ns_times([op[2] for op in host_ops], [op[3] for op in host_ops])
+    coll_start, coll_end = _ns_times([c[2] for c in cpu_colls], [c[3] for c in cpu_colls])
     on_driver = np.fromiter(
         ((c[0], c[1]) not in coll_lanes for c in cpu_colls), dtype=bool, count=len(cpu_colls)
     )
@@ -323,10 +548,14 @@ def _cpu_timeline(
         not_compute
     )
     index = _COLLECTIVE_INDEX
+    labels, detail = _cpu_collective_labels(raw, cpu_colls)
     collectives = np.asarray(
-        [index[classify.collective_from_label(c[4]) or classify.OTHER] for c in cpu_colls],
+        [
+            index[classify.collective_from_label(label) or classify.OTHER]
+            for label in (labels[i] or c[4] for i, c in enumerate(cpu_colls))
+        ],
         dtype=np.int16,
-    )
+    ).reshape(-1)
     notes = [
         "cpu trace: communication = host collectives (gloo:*) on "
         f"{len(coll_lanes)} worker thread(s); compute = host operators on the other threads "
@@ -339,33 +568,90 @@ def _cpu_timeline(
         compute=compute,
         comm=IntervalSet.union_of(coll_start, coll_end),
         copy=IntervalSet.empty(),
-        comm_start_us=coll_start,
-        comm_end_us=coll_end,
+        comm_start_ns=coll_start,
+        comm_end_ns=coll_end,
         comm_collective=collectives,
-        activity_start_us=np.concatenate([op_start, coll_start]),
-        activity_end_us=np.concatenate([op_end, coll_end]),
+        activity_start_ns=np.concatenate([op_start, coll_start]),
+        activity_end_ns=np.concatenate([op_end, coll_end]),
         activity_launch_ts=np.full(op_start.size + coll_start.size, np.nan),
         step_numbers=step_numbers,
-        step_start_us=step_start,
-        step_end_us=step_end,
-        n_events=len(raw.events),
+        step_start_ns=step_start,
+        step_end_ns=step_end,
+        n_events=n_events,
         n_lanes=len(coll_lanes),
         notes=tuple(notes),
+        comm_detail=detail,
     )
+
+
+def _cpu_collective_labels(
+    raw: RawTrace, cpu_colls: list[tuple[Any, Any, Any, Any, str]]
+) -> tuple[list[str | None], CommDetail]:
+    """What each host collective really is, and its metadata.
+
+    gloo runs some collectives as others: FSDP2's reduce-scatter executes as `gloo:all_reduce`. The
+    call that enqueued it says what it is: `record_param_comms` (its `Collective name` and message
+    metadata) where the trace has them, else the `c10d::` operator (`c10d::_reduce_scatter_base_`).
+    The k-th enqueue is matched with the k-th execution when both counts agree (gloo runs a process
+    group's collectives in order); else each execution takes the latest enqueue before it.
+    """
+    n = len(cpu_colls)
+    if n == 0:
+        return [], CommDetail.unknown(0)
+    rpc: list[tuple[float, str, Any]] = []
+    c10d: list[tuple[float, str, Any]] = []
+    for ev in raw.events:
+        name = ev.get("name")
+        if ev.get("ph") != "X" or name.__class__ is not str:
+            continue
+        if name == "record_param_comms":
+            args = ev.get("args") or {}
+            label = args.get("Collective name") if isinstance(args, dict) else None
+            if isinstance(label, str) and classify.collective_from_label(label) is not None:
+                rpc.append((float(ev["ts"]), label, args))
+        elif name.startswith("c10d::") and classify.collective_from_label(name) is not None:
+            c10d.append((float(ev["ts"]), name, None))
+    source = sorted(rpc or c10d, key=lambda r: r[0])
+    if not source:
+        return [None] * n, CommDetail.unknown(n)
+    order = sorted(range(n), key=lambda i: float(cpu_colls[i][2]))
+    chosen: list[tuple[float, str, Any] | None] = [None] * n
+    if len(source) == n:
+        for i, src in zip(order, source, strict=True):
+            chosen[i] = src
+    else:
+        starts = [r[0] for r in source]
+        for i in order:
+            k = int(np.searchsorted(starts, float(cpu_colls[i][2]), side="right")) - 1
+            chosen[i] = source[k] if k >= 0 else None
+    labels = [c[1] if c is not None else None for c in chosen]
+    return labels, CommDetail.of([c[2] if c is not None else None for c in chosen])
 
 
 _COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-def _floor_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
-    """start = floor(ts), end = start + floor(dur) in integer microseconds; bad durations are 0."""
+def _ns_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
+    """start = round(ts * 1000), end = start + round(dur * 1000): microsecond floats to integer
+    nanoseconds; bad durations are 0."""
     ts_arr = np.asarray(ts, dtype=np.float64)
     if not np.isfinite(ts_arr).all():
         raise ValueError("a timestamp is not a finite number")
-    dur_arr = np.floor(np.asarray(dur, dtype=np.float64))
+    dur_arr = np.rint(np.asarray(dur, dtype=np.float64) * 1000.0)
     dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
-    start = np.floor(ts_arr).astype(np.int64)
+    start = us_to_ns(ts_arr)
     return start, start + dur_arr.astype(np.int64)
+
+
+def us_to_ns(ts: NDArray[np.float64]) -> Int64Array:
+    """Microsecond timestamps to integer nanoseconds, exactly: epoch-based Kineto timestamps
+    (~1.7e15 µs) times 1000 exceed a double's 53-bit mantissa, so the whole microseconds and the
+    fraction are converted apart."""
+    whole = np.floor(ts)
+    result: Int64Array = whole.astype(np.int64) * 1000 + np.rint((ts - whole) * 1000.0).astype(
+        np.int64
+    )
+    return result
 
 
 def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, Int64Array]:
@@ -379,7 +665,7 @@ def _steps(steps: list[tuple[str, Any, Any]]) -> tuple[Int64Array, Int64Array, I
     if not numbered:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty
-    start, end = _floor_times([s[1] for s in numbered], [s[2] for s in numbered])
+    start, end = _ns_times([s[1] for s in numbered], [s[2] for s in numbered])
     numbers = np.asarray([s[0] for s in numbered], dtype=np.int64)
     order = np.argsort(start, kind="stable")
     numbers, start, end = numbers[order], start[order], end[order]

@@ -1,10 +1,10 @@
-"""Sets of time intervals on integer microseconds, with union, intersection and difference in numpy.
+"""Sets of time intervals on integer nanoseconds, with union, intersection and difference in numpy.
 
 Every analysis in `trace/` reduces to these operations: "communication time" is the length of the
 union of communication intervals, "overlap" the length of its intersection with the compute union,
 "exposed communication" the length of their difference. Working on whole arrays (sort, running
 maximum, cumulative sums) instead of per-event Python loops is what makes million-event traces fast.
-Integer microseconds keep every sum exact, so per-step numbers add up to whole-trace numbers.
+Integer nanoseconds keep every sum exact, so per-step numbers add up to whole-trace numbers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _as_int64(values: ArrayLike) -> Int64Array:
 
 @dataclass(frozen=True)
 class IntervalSet:
-    """Disjoint, sorted, half-open intervals [start, end) in integer microseconds.
+    """Disjoint, sorted, half-open intervals [start, end) in integer nanoseconds.
 
     Build one with `IntervalSet.union_of(starts, ends)` from raw (overlapping, unsorted) events;
     the constructor itself trusts its arguments to be already disjoint and sorted.
@@ -62,7 +62,7 @@ class IntervalSet:
     def __len__(self) -> int:
         return int(self.starts.size)
 
-    def total_us(self) -> int:
+    def total_ns(self) -> int:
         """Total covered length."""
         return int((self.ends - self.starts).sum())
 

@@ -20,6 +20,11 @@ import orjson
 
 from scalelab.errors import InputError
 
+try:  # ISA-L's inflate, 2-3x faster than zlib's (optional: the `fast` extra)
+    from isal import isal_zlib as _inflate
+except ImportError:
+    _inflate = zlib  # type: ignore[assignment,misc,unused-ignore]
+
 try:  # the typed fast path; without msgspec the general parser reads everything
     from scalelab.trace import schema as _schema
 except ImportError:  # pragma: no cover - msgspec is a dependency, but optional at run time
@@ -113,17 +118,31 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as exc:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == _GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except EOFError:
-            raise InputError(
-                where, "truncated gzip file: the compressed data ends before its end marker"
-            ) from None
-        except (OSError, zlib.error) as exc:
-            raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
-    if not data.strip():
+        data = _gunzip(data, where)
+    if not data or (data[:1].isspace() and not data.strip()):
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
+
+
+def _gunzip(data: bytes, where: str) -> bytes:
+    """Decompress a gzip file in one call: with ISA-L (the `isal` package, the `fast` extra:
+    2-3x faster) when installed, else zlib; the gzip trailer's CRC is checked by either."""
+    try:
+        decompressor = _inflate.decompressobj(31)  # 31: a gzip header and trailer
+        out = decompressor.decompress(data)
+        eof, rest = decompressor.eof, decompressor.unused_data
+    except Exception as exc:  # zlib.error or isal's own error type
+        raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
+    if not eof:
+        raise InputError(
+            where, "truncated gzip file: the compressed data ends before its end marker"
+        )
+    if rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
+        try:
+            return gzip.decompress(data)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
+    return out
 
 
 def _parse_general(path: Path, data: bytes) -> RawTrace:

@@ -1,6 +1,6 @@
 """The analyser's answer: per-rank, per-step time breakdowns and a summary across ranks.
 
-All times are integer microseconds (`*_us`), so that sums are exact: the steps of a rank plus its
+All times are integer nanoseconds (`*_ns`), so that sums are exact: the steps of a rank plus its
 `outside_steps` add up to its `total`, field by field. `to_dict()` gives plain JSON-ready data.
 """
 
@@ -10,20 +10,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from scalelab.trace.classify import COLLECTIVES
+from scalelab.trace.collectives import BandwidthRow, CommOps
 from scalelab.trace.intervals import IntervalSet
+from scalelab.trace.kernels import KernelReport
+from scalelab.trace.stragglers import StragglerReport
 
 Mode = Literal["gpu", "cpu"]
 StepSource = Literal["device", "host", "none"]
 
 # The additive time fields of a Breakdown, in display order.
 TIME_FIELDS = (
-    "wall_us",
-    "compute_us",
-    "comm_us",
-    "overlap_us",
-    "exposed_comm_us",
-    "copy_only_us",
-    "idle_us",
+    "wall_ns",
+    "compute_ns",
+    "comm_ns",
+    "overlap_ns",
+    "exposed_comm_ns",
+    "copy_only_ns",
+    "idle_ns",
 )
 
 
@@ -31,48 +34,48 @@ TIME_FIELDS = (
 class CollectiveStats:
     """One collective (AllReduce, AllGather, ...) in a window.
 
-    `count`: events that start in the window; `total_us`: length of the union of its events;
-    `exposed_us`: the part of that with no compute running. Collectives that run at the same time
+    `count`: events that start in the window; `total_ns`: length of the union of its events;
+    `exposed_ns`: the part of that with no compute running. Collectives that run at the same time
     (on different streams or threads) each count that time, so they can add up to more than the
-    window's `comm_us`.
+    window's `comm_ns`.
     """
 
     count: int
-    total_us: int
-    exposed_us: int
+    total_ns: int
+    exposed_ns: int
 
     def to_dict(self) -> dict[str, int]:
-        return {"count": self.count, "total_us": self.total_us, "exposed_us": self.exposed_us}
+        return {"count": self.count, "total_ns": self.total_ns, "exposed_ns": self.exposed_ns}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Breakdown:
     """Where the time of one window (a step, the whole trace, or the rest) went.
 
-    `compute_us`, `comm_us`: lengths of the unions of compute and of communication activity.
-    `overlap_us`: communication while compute runs. `exposed_comm_us` = comm - overlap: communication
-    with no compute running. `copy_only_us`: memcpy/memset with neither running. `idle_us`: nothing
+    `compute_ns`, `comm_ns`: lengths of the unions of compute and of communication activity.
+    `overlap_ns`: communication while compute runs. `exposed_comm_ns` = comm - overlap: communication
+    with no compute running. `copy_only_ns`: memcpy/memset with neither running. `idle_ns`: nothing
     running. compute + exposed_comm + copy_only + idle = wall, exactly.
     """
 
-    wall_us: int
-    compute_us: int
-    comm_us: int
-    overlap_us: int
-    exposed_comm_us: int
-    copy_only_us: int
-    idle_us: int
+    wall_ns: int
+    compute_ns: int
+    comm_ns: int
+    overlap_ns: int
+    exposed_comm_ns: int
+    copy_only_ns: int
+    idle_ns: int
     collectives: dict[str, CollectiveStats] = field(default_factory=dict)
 
     @property
     def overlap_pct(self) -> float | None:
         """Share of communication hidden under compute; None without communication."""
-        return 100.0 * self.overlap_us / self.comm_us if self.comm_us else None
+        return 100.0 * self.overlap_ns / self.comm_ns if self.comm_ns else None
 
     @property
     def exposed_comm_pct_of_wall(self) -> float | None:
         """Share of the window lost to exposed communication; None for an empty window."""
-        return 100.0 * self.exposed_comm_us / self.wall_us if self.wall_us else None
+        return 100.0 * self.exposed_comm_ns / self.wall_ns if self.wall_ns else None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {name: getattr(self, name) for name in TIME_FIELDS}
@@ -81,18 +84,18 @@ class Breakdown:
         out["collectives"] = {name: c.to_dict() for name, c in self.collectives.items()}
         return out
 
-    def as_step(self, step: int, start_us: int) -> StepBreakdown:
-        """The same numbers as the breakdown of profiler step `step` starting at `start_us`."""
+    def as_step(self, step: int, start_ns: int) -> StepBreakdown:
+        """The same numbers as the breakdown of profiler step `step` starting at `start_ns`."""
         return StepBreakdown(
             step=step,
-            start_us=start_us,
-            wall_us=self.wall_us,
-            compute_us=self.compute_us,
-            comm_us=self.comm_us,
-            overlap_us=self.overlap_us,
-            exposed_comm_us=self.exposed_comm_us,
-            copy_only_us=self.copy_only_us,
-            idle_us=self.idle_us,
+            start_ns=start_ns,
+            wall_ns=self.wall_ns,
+            compute_ns=self.compute_ns,
+            comm_ns=self.comm_ns,
+            overlap_ns=self.overlap_ns,
+            exposed_comm_ns=self.exposed_comm_ns,
+            copy_only_ns=self.copy_only_ns,
+            idle_ns=self.idle_ns,
             collectives=self.collectives,
         )
 
@@ -116,8 +119,8 @@ def _add(a: Breakdown, b: Breakdown, sign: int) -> Breakdown:
         x, y = a.collectives.get(name, zero), b.collectives.get(name, zero)
         combined = CollectiveStats(
             x.count + sign * y.count,
-            x.total_us + sign * y.total_us,
-            x.exposed_us + sign * y.exposed_us,
+            x.total_ns + sign * y.total_ns,
+            x.exposed_ns + sign * y.exposed_ns,
         )
         if combined != zero:
             collectives[name] = combined
@@ -127,26 +130,26 @@ def _add(a: Breakdown, b: Breakdown, sign: int) -> Breakdown:
 def _make(values: list[int], collectives: dict[str, CollectiveStats]) -> Breakdown:
     wall, compute, comm, overlap, exposed, copy_only, idle = values
     return Breakdown(
-        wall_us=wall,
-        compute_us=compute,
-        comm_us=comm,
-        overlap_us=overlap,
-        exposed_comm_us=exposed,
-        copy_only_us=copy_only,
-        idle_us=idle,
+        wall_ns=wall,
+        compute_ns=compute,
+        comm_ns=comm,
+        overlap_ns=overlap,
+        exposed_comm_ns=exposed,
+        copy_only_ns=copy_only,
+        idle_ns=idle,
         collectives=collectives,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepBreakdown(Breakdown):
-    """One profiler step: `ProfilerStep#<step>`, its window starting at `start_us`."""
+    """One profiler step: `ProfilerStep#<step>`, its window starting at `start_ns`."""
 
     step: int
-    start_us: int
+    start_ns: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "start_us": self.start_us, **super().to_dict()}
+        return {"step": self.step, "start_ns": self.start_ns, **super().to_dict()}
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,8 @@ class RankIntervals:
     compute: IntervalSet
     comm: IntervalSet
     exposed_comm: IntervalSet
-    first_us: int
-    last_us: int
+    first_ns: int
+    last_ns: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,8 +177,19 @@ class RankReport:
     total: Breakdown
     steps: list[StepBreakdown]
     outside_steps: Breakdown
+    # outside_steps = before_steps + after_steps: device work before the first step's window
+    # (on a GPU, mostly kernels of earlier steps still running when the profiler started) and
+    # after the last one.
+    before_steps: Breakdown = field(default_factory=lambda: Breakdown.sum([]))
+    after_steps: Breakdown = field(default_factory=lambda: Breakdown.sum([]))
+    # Device events whose launch is not in the trace, starting before the first step.
+    launched_before_profiling: int = 0
     notes: list[str] = field(default_factory=list)
+    kernels: KernelReport | None = None  # gpu traces: kernel classes, idle causes, launches
+    # Collective bandwidth from the trace's own metadata (nccl-tests' definitions).
+    bandwidth: list[BandwidthRow] = field(default_factory=list)
     intervals: RankIntervals | None = field(default=None, repr=False, compare=False)
+    comm_ops: CommOps | None = field(default=None, repr=False, compare=False)
 
     @property
     def file(self) -> str:
@@ -194,6 +208,11 @@ class RankReport:
             "total": self.total.to_dict(),
             "steps": [s.to_dict() for s in self.steps],
             "outside_steps": self.outside_steps.to_dict(),
+            "before_steps": self.before_steps.to_dict(),
+            "after_steps": self.after_steps.to_dict(),
+            "launched_before_profiling": self.launched_before_profiling,
+            "kernels": None if self.kernels is None else self.kernels.to_dict(),
+            "bandwidth": [b.to_dict() for b in self.bandwidth],
         }
 
 
@@ -218,18 +237,22 @@ class MetricSummary:
 @dataclass(frozen=True, kw_only=True)
 class Summary:
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
-    has steps, else its whole trace. The slowest rank is the one with the largest `wall_us`."""
+    has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`: often
+    not the cause but a rank that waited; the straggler (the rank whose collectives start last,
+    see `stragglers`) is the cause, where ranks could be matched."""
 
     basis: Literal["mean per step", "whole trace"]
     n_ranks: int
     slowest_rank: int | None
     slowest_file: str
     metrics: dict[str, MetricSummary]
+    straggler_rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "basis": self.basis,
             "n_ranks": self.n_ranks,
+            "straggler_rank": self.straggler_rank,
             "slowest_rank": self.slowest_rank,
             "slowest_file": self.slowest_file,
             "metrics": {k: v.to_dict() for k, v in self.metrics.items()},
@@ -242,17 +265,19 @@ class TraceReport:
 
     ranks: list[RankReport]
     summary: Summary
+    stragglers: StragglerReport | None = None  # two or more ranks with matched collectives
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "scalelab.trace/1",
-            "units": "microseconds (integers) unless the name ends in _pct",
+            "schema": "scalelab.trace/2",
+            "units": "nanoseconds (integers) where the name ends in _ns; GB/s = 1e9 bytes/s",
             "ranks": [r.to_dict() for r in self.ranks],
             "summary": self.summary.to_dict(),
+            "stragglers": None if self.stragglers is None else self.stragglers.to_dict(),
         }
 
 
-def summarise(ranks: list[RankReport]) -> Summary:
+def summarise(ranks: list[RankReport], *, straggler: int | None = None) -> Summary:
     """Mean and max of each time metric across ranks, and the slowest rank."""
     per_step = all(r.steps for r in ranks)
     values: dict[str, list[float]] = {name: [] for name in TIME_FIELDS}
@@ -266,13 +291,14 @@ def summarise(ranks: list[RankReport]) -> Summary:
     for name, vals in values.items():
         i = max(range(len(vals)), key=vals.__getitem__)
         metrics[name] = MetricSummary(sum(vals) / len(vals), vals[i], ranks[i].rank, ranks[i].file)
-    slowest = max(range(len(ranks)), key=values["wall_us"].__getitem__)
+    slowest = max(range(len(ranks)), key=values["wall_ns"].__getitem__)
     return Summary(
         basis="mean per step" if per_step else "whole trace",
         n_ranks=len(ranks),
         slowest_rank=ranks[slowest].rank,
         slowest_file=ranks[slowest].file,
         metrics=metrics,
+        straggler_rank=straggler,
     )
 
 

@@ -22,6 +22,14 @@ class Args(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy without
 
     correlation: int = -1
     collective_name: str | None = msgspec.field(default=None, name="Collective name")
+    # Communication metadata (recent PyTorch, on NCCL kernels and record_param_comms): Any, so
+    # that an odd type in a field the overlap does not need never forces the slow path.
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    dtype: Any = None
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    seq: Any = msgspec.field(default=None, name="Seq")
 
 
 class Event(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy without msgspec)
@@ -56,7 +64,43 @@ def decode(data: bytes) -> tuple[list[Event], dict[str, Any]]:
     return document.traceEvents, metadata
 
 
+_ARG_NAMES = {
+    "correlation": "correlation",
+    "collective_name": "Collective name",
+    "in_nelems": "In msg nelems",
+    "out_nelems": "Out msg nelems",
+    "group_size": "Group size",
+    "dtype": "dtype",
+    "pg_name": "Process Group Name",
+    "seq": "Seq",
+}
+
+
+def args_dict(args: Args | None) -> dict[str, Any]:
+    """Typed args as the general path's dict (the trace's own key names)."""
+    if args is None:
+        return {}
+    out = {key: getattr(args, f) for f, key in _ARG_NAMES.items()}
+    return {k: v for k, v in out.items() if v is not None and not (k == "correlation" and v < 0)}
+
+
+def host_dict(event: Event) -> dict[str, Any]:
+    """A host annotation (profiler step, host collective) as a dict: the fields read of it."""
+    return {
+        "ph": event.ph,
+        "cat": event.cat,
+        "name": event.name,
+        "pid": event.pid,
+        "tid": event.tid,
+        "ts": event.ts,
+        "dur": event.dur,
+    }
+
+
 def as_dict(event: Event) -> dict[str, Any]:
-    """An event as the general path's dict (for the few annotation events read field by field)."""
+    """An event as the general path's dict (for the few events read field by field)."""
     out = {f: getattr(event, f) for f in event.__struct_fields__ if f != "args"}
-    return {k: v for k, v in out.items() if v is not None}
+    result = {k: v for k, v in out.items() if v is not None}
+    if event.args is not None:
+        result["args"] = args_dict(event.args)
+    return result

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from scalelab.trace.extract import Timeline
+from scalelab.trace.extract import Timeline, us_to_ns
 from scalelab.trace.intervals import Int64Array
 
 StepSource = Literal["device", "host", "none"]
@@ -29,8 +29,8 @@ class StepWindows:
     """Disjoint, sorted [start, end) windows, one per profiler step, and where they came from."""
 
     numbers: Int64Array
-    start_us: Int64Array
-    end_us: Int64Array
+    start_ns: Int64Array
+    end_ns: Int64Array
     source: StepSource
 
 
@@ -38,8 +38,8 @@ def step_windows(timeline: Timeline) -> StepWindows:
     """The step windows of a trace (see the module doc for the rule)."""
     numbers, host_start, host_end = (
         timeline.step_numbers,
-        timeline.step_start_us,
-        timeline.step_end_us,
+        timeline.step_start_ns,
+        timeline.step_end_ns,
     )
     if numbers.size == 0:
         empty = np.zeros(0, np.int64)
@@ -59,10 +59,11 @@ def _device_windows(
     if linked.size == 0:
         return None
     t = launch[linked]
-    # Host steps are integer microseconds; a launch at t belongs to the step with start <= t < end.
-    step = np.searchsorted(host_start, np.floor(t).astype(np.int64), side="right") - 1
+    # Host steps are integer nanoseconds; a launch at t belongs to the step with start <= t < end.
+    t_ns = us_to_ns(t)
+    step = np.searchsorted(host_start, t_ns, side="right") - 1
     ok = step >= 0
-    ok[ok] = np.floor(t[ok]).astype(np.int64) < host_end[step[ok]]
+    ok[ok] = t_ns[ok] < host_end[step[ok]]
     if not ok.any():
         return None
     rows, step = linked[ok], step[ok]
@@ -70,8 +71,8 @@ def _device_windows(
     big = np.iinfo(np.int64).max
     first = np.full(n, big, dtype=np.int64)
     last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(first, step, timeline.activity_start_us[rows])
-    np.maximum.at(last, step, timeline.activity_end_us[rows])
+    np.minimum.at(first, step, timeline.activity_start_ns[rows])
+    np.maximum.at(last, step, timeline.activity_end_ns[rows])
     has = first != big
     final_end = int(last[has].max())  # the last window ends when all stepped work has
     # A step without device work gets an empty window where the next step with work begins.

@@ -1,0 +1,200 @@
+"""The predictor against measured training runs: in-sample and leave-one-source-out accuracy.
+
+"validate" in scalelab means this: the predictor against published runs (a layout's rules are
+checked by `scalelab.config.layout.check` / `rule_violations`). Three parts: `cases` (row adapters:
+runs read, turned into the predictor's inputs and predicted), `stats` (statistics on arrays) and
+`cross` (leave-one-source-out refits); this module assembles the report.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scalelab.errors import InputError
+from scalelab.runs.importer import import_rows, read_raw_csv, read_review
+from scalelab.runs.schema import is_typed_header
+from scalelab.validate.cases import (
+    RAW_DATA,
+    REVIEW_DATA,
+    SKIPPED_DATA,
+    TYPED_DATA,
+    RunCase,
+    case_from_run,
+    load_cases,
+    load_runs,
+    measured,
+    predict_cases,
+    predict_cases_full,
+    shipped_readings,
+)
+from scalelab.validate.cross import cross_validate
+from scalelab.validate.stats import (
+    average_ranks,
+    by_source,
+    memory_comparison,
+    spearman,
+    sweep_spearman,
+)
+
+__all__ = [
+    "RAW_DATA",
+    "REVIEW_DATA",
+    "SKIPPED_DATA",
+    "TYPED_DATA",
+    "RunCase",
+    "ValidationReport",
+    "average_ranks",
+    "by_source",
+    "case_from_run",
+    "cross_validate",
+    "explain",
+    "load_cases",
+    "load_runs",
+    "memory_comparison",
+    "predict_cases",
+    "predict_cases_full",
+    "run_validation",
+    "shipped_readings",
+    "spearman",
+    "sweep_spearman",
+]
+
+
+@dataclass
+class ValidationReport:
+    rows_used: int
+    rows_skipped: int
+    skipped_by_reason: dict[str, int]
+    rows_predicted_not_to_fit: int
+    mape_tokens_per_gpu: float
+    within_20_pct: float
+    median_spearman: float | None
+    sweeps: int
+    by_source: dict[str, dict[str, Any]]
+    memory: dict[str, Any]
+    assumed_fields: dict[str, int]
+    cross_validated: dict[str, Any] | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self, with_rows: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rows_used": self.rows_used,
+            "rows_skipped": self.rows_skipped,
+            "skipped_by_reason": self.skipped_by_reason,
+            "rows_predicted_not_to_fit": self.rows_predicted_not_to_fit,
+            "mape_tokens_per_gpu": self.mape_tokens_per_gpu,
+            "within_20_pct": self.within_20_pct,
+            "median_spearman_within_sweeps": self.median_spearman,
+            "spearman_median": self.median_spearman,
+            "sweeps": self.sweeps,
+            "by_source": self.by_source,
+            "memory": self.memory,
+            "rows_with_assumed_value": self.assumed_fields,
+        }
+        if self.cross_validated is not None:
+            out["cross_validated"] = self.cross_validated
+        if with_rows:
+            out["rows"] = self.rows
+        return out
+
+
+def run_validation(
+    data: Path | None = None, review: Path | None = None, with_cross_validation: bool = False
+) -> ValidationReport:
+    cases, skipped = load_cases(data, review)
+    if not cases:
+        raise InputError("data", "no row could be interpreted (see skipped reasons with --json)")
+    predicted = predict_cases_full(cases)
+    tps = predicted["tokens_per_s_per_gpu"]
+    actual = measured(cases)
+    ape = np.abs(tps - actual) / actual
+    sources = [c.source for c in cases]
+    rhos = sweep_spearman([c.sweep for c in cases], tps, actual)
+    assumed = Counter(f for c in cases for f in set(c.run.assumed_fields))
+    cv = cross_validate(cases) if with_cross_validation else None
+    out_of_sample = cv.pop("predicted") if cv else None
+    rows_out = [
+        {
+            "row": c.index,
+            "source": c.source,
+            "model": c.model.name,
+            "gpus": c.layout.gpus,
+            "layout": c.layout.model_dump(mode="json"),
+            "measured_tokens_per_s_per_gpu": float(actual[i]),
+            "predicted_tokens_per_s_per_gpu": float(tps[i]),
+            "error": float(tps[i] / actual[i] - 1.0),
+            "predicted_fits": bool(predicted["fits"][i]),
+            "predicted_memory_gib": float(predicted["memory_gib"][i]),
+            "measured_peak_memory_gib": c.run.measured_peak_memory_gib,
+        }
+        | (
+            {"cross_validated_tokens_per_s_per_gpu": float(out_of_sample[i])}
+            if out_of_sample
+            else {}
+        )
+        for i, c in enumerate(cases)
+    ]
+    return ValidationReport(
+        rows_used=len(cases),
+        rows_skipped=len(skipped),
+        skipped_by_reason=dict(Counter(reason for _, reason in skipped)),
+        rows_predicted_not_to_fit=int((~predicted["fits"]).sum()),
+        mape_tokens_per_gpu=float(ape.mean()),
+        within_20_pct=float((ape <= 0.2).mean()),
+        median_spearman=float(np.median(rhos)) if rhos else None,
+        sweeps=len(rhos),
+        by_source=by_source(sources, tps, actual),
+        memory=memory_comparison(
+            [c.run.measured_peak_memory_gib for c in cases],
+            predicted["memory_gib"],
+            predicted["fits"],
+            sources,
+            [c.index for c in cases],
+        ),
+        assumed_fields=dict(sorted(assumed.items(), key=lambda kv: -kv[1])),
+        cross_validated=cv,
+        rows=rows_out,
+    )
+
+
+def explain(row: int, data: Path | None = None, review: Path | None = None) -> list[str]:
+    """How one row was read (the importer's trace) and, if used, what the predictor makes of it."""
+    if data is None:
+        readings = shipped_readings()
+    else:
+        if not data.is_file():
+            raise InputError("data", f"no such file: {data}")
+        if review is not None and not review.is_file():
+            raise InputError("review", f"no such file: {review}")
+        entries = read_review(review.read_text()) if review else []
+        text = data.read_text()
+        if is_typed_header(text.splitlines()[0].split(",")):
+            raise InputError(
+                "data", "--explain reads a raw CSV (a typed file has nothing to explain)"
+            )
+        readings = import_rows(read_raw_csv(text), entries)
+    if not 0 <= row < len(readings):
+        raise InputError("row", f"row {row} does not exist; rows are 0-{len(readings) - 1}")
+    reading = readings[row]
+    lines = reading.explain()
+    if reading.run is not None:
+        case = case_from_run(reading.run)
+        if isinstance(case, str):
+            lines.append(f"  validate skips it: {case}")
+        else:
+            p = predict_cases_full([case])
+            tps = float(p["tokens_per_s_per_gpu"][0])
+            measured = case.measured_tokens_per_s_per_gpu
+            lines.append(
+                f"  predicted {tps:,.1f} tokens/s per GPU vs measured {measured:,.1f} "
+                f"({tps / measured - 1:+.1%}); predicted memory {p['memory_gib'][0]:.1f} GiB, "
+                f"{'fits' if p['fits'][0] else 'predicted NOT to fit'}"
+            )
+        if reading.run.assumed:
+            lines.append("  assumed (not stated by the row): " + reading.run.assumed)
+    return lines

@@ -1,0 +1,173 @@
+"""Row adapters: published runs turned into the predictor's inputs, and predicted.
+
+Runs come typed (`scalelab.runs`): the shipped `published_runs_typed.csv`, another typed file, or a
+raw CSV in the `published_runs.csv` column layout read by the generic importer. A `RunCase` is one
+run the predictor can express (its model, cluster and layout); the statistics
+(`scalelab.validate.stats`) see only the arrays these cases give.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from scalelab.config.hardware import ClusterSpec
+from scalelab.config.layout import Layout, LayoutTable, rule_violations
+from scalelab.config.model import ModelSpec
+from scalelab.errors import InputError
+from scalelab.perf.predict import predict
+from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review
+from scalelab.runs.schema import Run, is_typed_header, read_runs
+
+TYPED_DATA = "data/published_runs_typed.csv"
+SKIPPED_DATA = "data/published_runs_skipped.csv"
+RAW_DATA = "data/published_runs.csv"
+REVIEW_DATA = "data/published_runs_review.csv"
+
+
+@dataclass
+class RunCase:
+    """One run the predictor can express: the run and its predictor inputs."""
+
+    run: Run
+    model: ModelSpec
+    cluster: ClusterSpec
+    layout: Layout
+
+    @property
+    def index(self) -> int:
+        return self.run.row
+
+    @property
+    def source(self) -> str:
+        return self.run.source_group
+
+    @property
+    def measured_tokens_per_s_per_gpu(self) -> float:
+        return self.run.tokens_per_s_per_gpu
+
+    @property
+    def sweep(self) -> tuple[str, str, str, int]:
+        """Sweeps are defined by the data: same source group, model, GPU and sequence length."""
+        return (self.run.source_group, self.run.model, self.run.gpu, self.run.seq_len)
+
+
+def measured(cases: list[RunCase]) -> np.ndarray:
+    """Measured tokens/s per GPU of every case."""
+    return np.array([c.measured_tokens_per_s_per_gpu for c in cases])
+
+
+# Loading ---------------------------------------------------------------------------------------
+
+
+def _package_text(name: str) -> str:
+    return resources.files("scalelab").joinpath(name).read_text()
+
+
+def shipped_readings() -> list[Reading]:
+    """The shipped raw file read by the importer with the shipped review sheet (for --explain)."""
+    return import_rows(
+        read_raw_csv(_package_text(RAW_DATA)), read_review(_package_text(REVIEW_DATA))
+    )
+
+
+def load_runs(
+    data: Path | None = None, review: Path | None = None
+) -> tuple[list[Run], list[tuple[int, str]]]:
+    """Runs and the (row, reason) of every row that could not be read.
+
+    No `data`: the shipped typed file and the skips recorded beside it. A typed file (first column
+    schema_version) is read as it is; any other CSV goes through the importer (with `review`).
+    """
+    if data is None:
+        runs = read_runs(_package_text(TYPED_DATA))
+        records = csv.DictReader(io.StringIO(_package_text(SKIPPED_DATA)))
+        return runs, [(int(r["row"]), r["reason"]) for r in records]
+    if not data.is_file():
+        raise InputError("data", f"no such file: {data}")
+    text = data.read_text()
+    first = text.splitlines()[0] if text.strip() else ""
+    if is_typed_header(first.split(",")):
+        return read_runs(text, "data"), []
+    if review is not None and not review.is_file():
+        raise InputError("review", f"no such file: {review}")
+    entries = read_review(review.read_text()) if review else []
+    readings = import_rows(read_raw_csv(text), entries)
+    runs = [r.run for r in readings if r.run is not None]
+    return runs, [(r.row, r.skipped) for r in readings if r.skipped]
+
+
+def case_from_run(run: Run) -> RunCase | str:
+    """The predictor's inputs for a run, or why the predictor cannot express it."""
+    try:
+        model = run.model_spec()
+        cluster = run.cluster_spec()
+        layout = run.layout()
+    except (ValidationError, ValueError) as exc:
+        return f"not expressible by the predictor ({str(exc).splitlines()[0]})"
+    errors = rule_violations(layout, model, cluster)
+    if errors:
+        return f"layout not valid for the predictor ({errors[0].field})"
+    return RunCase(run, model, cluster, layout)
+
+
+def load_cases(
+    data: Path | None = None, review: Path | None = None
+) -> tuple[list[RunCase], list[tuple[int, str]]]:
+    runs, skipped = load_runs(data, review)
+    cases: list[RunCase] = []
+    for run in runs:
+        case = case_from_run(run)
+        if isinstance(case, str):
+            skipped.append((run.row, case))
+        else:
+            cases.append(case)
+    return cases, skipped
+
+
+# Prediction ------------------------------------------------------------------------------------
+
+
+def predict_cases_full(
+    cases: list[RunCase], params: dict[str, dict[str, float]] | None = None
+) -> dict[str, np.ndarray]:
+    """Tokens/s per GPU, the memory verdict and the predicted peak memory (GiB) of every case.
+
+    `params` overrides cluster parameters by catalog cluster name (for cross-validation).
+    """
+    out = {
+        "tokens_per_s_per_gpu": np.zeros(len(cases)),
+        "fits": np.zeros(len(cases), dtype=bool),
+        "memory_gib": np.zeros(len(cases)),
+    }
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    clusters: dict[str, ClusterSpec] = {}
+    for i, case in enumerate(cases):
+        cluster = case.cluster
+        update = (params or {}).get(case.run.cluster)
+        if update:
+            cluster = cluster.model_copy(
+                update={"params": cluster.params.model_copy(update=update)}
+            )
+        key = cluster.model_dump_json()
+        clusters[key] = cluster
+        groups[(case.model.model_dump_json(), key)].append(i)
+    for (_, key), idx in groups.items():
+        table = LayoutTable.from_layouts([cases[i].layout for i in idx])
+        prediction = predict(cases[idx[0]].model, clusters[key], table)
+        out["tokens_per_s_per_gpu"][idx] = prediction["tokens_per_s_per_gpu"]
+        out["fits"][idx] = prediction["fits"]
+        out["memory_gib"][idx] = prediction["memory_total_bytes"] / 2**30
+    return out
+
+
+def predict_cases(cases: list[RunCase]) -> np.ndarray:
+    """Predicted tokens/s per GPU of each case with its catalog cluster's parameters."""
+    return predict_cases_full(cases)["tokens_per_s_per_gpu"]

@@ -1,0 +1,93 @@
+"""validate's statistics, on arrays only: rank correlation with ties, errors per source group,
+memory against measured peaks. The row adapters (`scalelab.validate.cases`) build the arrays."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n with ties given the mean of the ranks they span (as scipy.stats.rankdata)."""
+    values = np.asarray(values, dtype=float)
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    ranks = np.empty(len(values))
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and sorted_values[end + 1] == sorted_values[start]:
+            end += 1
+        ranks[order[start : end + 1]] = (start + end) / 2.0 + 1.0
+        start = end + 1
+    return ranks
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho with average ranks for ties; nan when either side is constant."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return math.nan
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def sweep_spearman(
+    sweeps: Sequence[Hashable], predicted: np.ndarray, measured: np.ndarray
+) -> list[float]:
+    """Rho of predicted against measured within each sweep (rows with the same key) of at least 3
+    runs that vary."""
+    groups: dict[Hashable, list[int]] = defaultdict(list)
+    for i, key in enumerate(sweeps):
+        groups[key].append(i)
+    rhos = [spearman(predicted[idx], measured[idx]) for idx in groups.values() if len(idx) >= 3]
+    return [r for r in rhos if not math.isnan(r)]
+
+
+def by_source(
+    sources: Sequence[str], predicted: np.ndarray, measured: np.ndarray
+) -> dict[str, dict[str, Any]]:
+    """Rows, mean absolute percentage error and median bias of each source group."""
+    ape = np.abs(predicted - measured) / measured
+    labels = np.array(sources, dtype=object)
+    out: dict[str, dict[str, Any]] = {}
+    for src in sorted(set(sources)):
+        mask = labels == src
+        out[src] = {
+            "rows": int(mask.sum()),
+            "mape": float(ape[mask].mean()),
+            "bias": float(np.median(predicted[mask] / measured[mask]) - 1.0),
+        }
+    return out
+
+
+def memory_comparison(
+    measured_peak_gib: Sequence[float | None],
+    predicted_gib: np.ndarray,
+    fits: np.ndarray,
+    sources: Sequence[str],
+    rows: Sequence[int],
+) -> dict[str, Any]:
+    """Predicted over measured peak memory where a run states it; runs predicted not to fit."""
+    idx = [i for i, peak in enumerate(measured_peak_gib) if peak is not None]
+    ratios = np.array([predicted_gib[i] / (measured_peak_gib[i] or 1.0) for i in idx])
+    not_fit = [i for i in range(len(fits)) if not fits[i]]
+    per_source = Counter(sources[i] for i in not_fit)
+    out: dict[str, Any] = {
+        "runs_with_measured_peak": len(idx),
+        "predicted_not_to_fit": len(not_fit),
+        "predicted_not_to_fit_by_source": dict(sorted(per_source.items())),
+        "predicted_not_to_fit_rows": [rows[i] for i in not_fit],
+    }
+    if len(idx):
+        out |= {
+            "ratio_median": float(np.median(ratios)),
+            "ratio_p10": float(np.percentile(ratios, 10)),
+            "ratio_p90": float(np.percentile(ratios, 90)),
+            "ratio_min": float(ratios.min()),
+            "ratio_max": float(ratios.max()),
+        }
+    return out

@@ -1,0 +1,34 @@
+"""validate's statistics work on arrays alone (the row adapters live in validate.cases)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scalelab.validate.stats import by_source, memory_comparison, sweep_spearman
+
+
+def test_by_source_by_hand() -> None:
+    predicted = np.array([110.0, 90.0, 200.0])
+    measured = np.array([100.0, 100.0, 100.0])
+    out = by_source(["a", "a", "b"], predicted, measured)
+    assert out["a"] == {"rows": 2, "mape": pytest.approx(0.1), "bias": pytest.approx(0.0)}
+    assert out["b"] == {"rows": 1, "mape": pytest.approx(1.0), "bias": pytest.approx(1.0)}
+
+
+def test_sweep_spearman_groups_by_key() -> None:
+    measured = np.array([1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 5.0])
+    predicted = np.array([1.0, 2.0, 3.0, 3.0, 2.0, 1.0, 9.0])
+    rhos = sweep_spearman(["x", "x", "x", "y", "y", "y", "z"], predicted, measured)
+    assert rhos == [pytest.approx(1.0), pytest.approx(-1.0)]  # "z" has one run: no rho
+
+
+def test_memory_comparison_by_hand() -> None:
+    out = memory_comparison(
+        [40.0, None, 80.0], np.array([44.0, 10.0, 72.0]), np.array([True, False, True]),
+        ["a", "b", "a"], [7, 8, 9],
+    )  # fmt: skip
+    assert out["runs_with_measured_peak"] == 2
+    assert out["ratio_min"] == pytest.approx(0.9) and out["ratio_max"] == pytest.approx(1.1)
+    assert out["predicted_not_to_fit_rows"] == [8]
+    assert out["predicted_not_to_fit_by_source"] == {"b": 1}
