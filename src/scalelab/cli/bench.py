@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -196,6 +197,8 @@ def bench(
             rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
         finally:
             job_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                job_file.parent.rmdir()  # only when no other run's job is there
     if predict_cluster is not None and rc == 0 and path is not None:
         _attach_prediction(path, predict_cluster)
     _report(path, json_out)
