@@ -192,6 +192,22 @@ def load_record(path: str | Path) -> Record:
         raise InputError("record", f"{p}: {where}: {err['msg']}") from None
 
 
+def trace_metric_s(report: Any, name: str) -> float | None:
+    """A time metric (mean over ranks) of a stored trace report, in seconds.
+
+    Reads the trace report's schema 2 (`<name>_ns`) and schema 1 (`<name>_us`, also what records
+    of schema 1 stored), e.g. `trace_metric_s(report, "exposed_comm")`.
+    """
+    if not isinstance(report, dict):
+        return None
+    metrics = (report.get("summary") or {}).get("metrics") or {}
+    for suffix, scale in (("_ns", 1e-9), ("_us", 1e-6)):
+        value = (metrics.get(name + suffix) or {}).get("mean")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value) * scale
+    return None
+
+
 _V1_RENAMES = {
     "peak_memory_allocated_bytes": "memory_peak_allocated_bytes",
     "peak_memory_reserved_bytes": "memory_peak_reserved_bytes",
@@ -243,12 +259,9 @@ def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
                     rep["energy_j"] = rep["energy_j"] / steps
             upgraded.append(rep)
         measurements["repeats"] = upgraded
-    report = measurements.get("exposed_comm")
-    if isinstance(report, dict) and "exposed_comm_s" not in summary:
-        metrics = (report.get("summary") or {}).get("metrics") or {}
-        value = (metrics.get("exposed_comm_us") or {}).get("mean")
-        if isinstance(value, (int, float)):
-            summary["exposed_comm_s"] = stats([float(value) / 1e6])
+    exposed = trace_metric_s(measurements.get("exposed_comm"), "exposed_comm")
+    if exposed is not None and "exposed_comm_s" not in summary:
+        summary["exposed_comm_s"] = stats([exposed])
     out["summary"] = summary
     out["measurements"] = measurements
     notes = dict(out.get("notes") or {})

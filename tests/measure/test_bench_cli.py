@@ -214,7 +214,8 @@ def test_profile_writes_one_trace_per_rank(
         assert any(e.get("name", "").startswith("ProfilerStep") for e in trace["traceEvents"])
     spec = importlib.util.find_spec("scalelab.trace")
     if spec is not None:  # the trace report's documented, versioned schema, and the metric
-        assert record.measurements["exposed_comm"]["schema"] == "scalelab.trace/1"
+        assert record.measurements["exposed_comm"]["schema"].startswith("scalelab.trace/")
+        assert "summary" in record.measurements["exposed_comm"]
         assert record.summary["exposed_comm_s"]["mean"] >= 0
     else:
         assert record.measurements["exposed_comm"] is None

@@ -70,7 +70,14 @@ def records(tmp_path: Path) -> Path:
     write_record(_record("a8", 8, [3000.0, 3100.0, 3200.0]), folder)
     # Two runs of the 16-GPU point: their repeats are pooled.
     write_record(_record("a16", 16, [2900.0, 3000.0]), folder)
-    write_record(_record("b16", 16, [2950.0]), folder)
+    # The trace report's schema 2 (nanoseconds), as bench --profile stores it now.
+    profiled_ns = {
+        "exposed_comm": {
+            "schema": "scalelab.trace/2",
+            "summary": {"metrics": {"exposed_comm_ns": {"mean": 25e6}, "wall_ns": {"mean": 400e6}}},
+        }
+    }
+    write_record(_record("b16", 16, [2950.0], measurements=profiled_ns), folder)
     profiled = {
         "exposed_comm": {
             "summary": {
@@ -113,6 +120,7 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
     assert float(rows[32]["power_w_per_gpu.mean"]) == pytest.approx(600.0)
     assert float(rows[8]["power_w_per_gpu.mean"]) == pytest.approx(600.0)
     assert float(rows[32]["exposed_comm_fraction.mean"]) == pytest.approx(0.125)
+    assert float(rows[16]["exposed_comm_fraction.mean"]) == pytest.approx(0.0625)
     assert 64 not in rows  # the OOM point has no numbers, but is listed as failed
     assert set(result.figures) == {
         "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "exposed_comm_fraction",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -12,26 +13,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import (
-    AttentionOpt,
-    CpOpt,
-    GlobalBatchOpt,
-    HsdpGroupOpt,
     JsonOpt,
-    MicroBatchOpt,
     ModelArg,
-    PpOpt,
-    PrecisionOpt,
-    RecomputeOpt,
-    ReshardOpt,
-    ScheduleOpt,
-    SeqLenOpt,
-    ShardingOpt,
-    SpOpt,
-    TpOpt,
-    VstagesOpt,
     build_layout,
     console,
     err_console,
+    layout_options,
     record_for_display,
 )
 from scalelab.config.hardware import ClusterSpec
@@ -95,23 +82,9 @@ def _detected_gpu() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+@layout_options()
 def bench(
     model: ModelArg,
-    seq_len: SeqLenOpt = None,
-    global_batch: GlobalBatchOpt = None,
-    sharding: ShardingOpt = "fsdp",
-    hsdp_shard_size: HsdpGroupOpt = None,
-    reshard_after_forward: ReshardOpt = True,
-    tp: TpOpt = 1,
-    sp: SpOpt = True,
-    pp: PpOpt = 1,
-    pp_schedule: ScheduleOpt = "1f1b",
-    virtual_stages: VstagesOpt = 1,
-    cp: CpOpt = 1,
-    micro_batch: MicroBatchOpt = 1,
-    recompute: RecomputeOpt = "none",
-    precision: PrecisionOpt = "bf16",
-    attention: AttentionOpt = "flash",
     nproc_per_node: NprocOpt = 1,
     steps: StepsOpt = 50,
     warmup: WarmupOpt = 10,
@@ -129,9 +102,12 @@ def bench(
     predict: PredictOpt = False,
     out: OutOpt = Path("runs"),
     json_out: JsonOpt = False,
+    **layout: Any,
 ) -> None:
     """Train MODEL under a layout on this machine (or as one process of a torchrun job) and write
-    one JSON record: tokens/s, MFU/HFU, memory, GPU energy, losses, over repeats."""
+    one JSON record: tokens/s, MFU/HFU, memory, GPU energy, losses, over repeats.
+
+    The layout flags are generated from `scalelab.config.Layout`'s fields (as for predict)."""
     from pydantic import ValidationError
 
     from scalelab.cli.common import choice, positive
@@ -157,7 +133,7 @@ def bench(
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,
             compile=compile, compute_dtype=compute_dtype, data=data, profile=profile,  # type: ignore[arg-type]
-            profile_steps=profile_steps, timeout_s=timeout_s, cluster=cluster, predict=predict,
+            profile_steps=profile_steps, timeout_s=timeout_s, predict=predict,
             out_dir=str(out),
         )  # fmt: skip
     except ValidationError as exc:
@@ -171,12 +147,8 @@ def bench(
     else:
         positive("nproc-per-node", nproc_per_node)
         gpus = per_node = nproc_per_node
-    layout = build_layout(
-        gpus=gpus, seq_len=seq_len or spec.seq_len, global_batch=global_batch, sharding=sharding,
-        hsdp_shard_size=hsdp_shard_size, reshard_after_forward=reshard_after_forward, tp=tp, sp=sp,
-        pp=pp, pp_schedule=pp_schedule, virtual_stages=virtual_stages, cp=cp, micro_batch=micro_batch,
-        recompute=recompute, precision=precision, attention=attention,
-    )  # fmt: skip
+    seq_len = layout.pop("seq_len", None) or spec.seq_len
+    built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
     gpu = _detected_gpu()
     if gpu is not None and not worker:
         import torch
@@ -193,10 +165,10 @@ def bench(
         cluster_spec = None  # a CPU run: the cluster name is recorded as given, its peak unused
     reference = cluster_spec or load_cluster("h100-ib")
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
-    check(layout, spec, local)
-    check_layout(layout, spec)
+    check(built, spec, local)
+    check_layout(built, spec)
     if data is not None:
-        check_tokens(data, spec.vocab_size, layout.seq_len)
+        check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None
     if predict:
         from scalelab.predicted import require_predictor
@@ -210,7 +182,7 @@ def bench(
     from scalelab.measure.worker import run_worker
 
     job = BenchJob(
-        model=spec, layout=layout, options=options, cluster=cluster, nproc_per_node=per_node
+        model=spec, layout=built, options=options, cluster=cluster, nproc_per_node=per_node
     )
     if worker or nproc_per_node == 1:
         rc, path = run_worker(job)
@@ -225,6 +197,8 @@ def bench(
             rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
         finally:
             job_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                job_file.parent.rmdir()  # only when no other run's job is there
     if predict_cluster is not None and rc == 0 and path is not None:
         _attach_prediction(path, predict_cluster)
     _report(path, json_out)

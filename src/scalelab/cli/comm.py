@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -96,6 +97,8 @@ def comm(
             rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
         finally:
             job_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                job_file.parent.rmdir()  # only when no other run's job is there
     _report(path, json_out)
     if rc:
         raise SystemExit(1)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision, Sharding
 from scalelab.errors import InputError
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
@@ -36,8 +37,9 @@ class BenchOptions(BaseModel):
     profile: bool = False
     profile_steps: int = Field(3, gt=0)
     timeout_s: float = Field(600.0, gt=0, description="process-group (collective) timeout")
-    cluster: str | None = None
-    predict: bool = False
+    predict: bool = Field(
+        False, description="attach the predictor's numbers to the record (done above the harness)"
+    )
     out_dir: str = "runs"
 
 
@@ -68,26 +70,30 @@ def check_model(model: ModelSpec) -> None:
 
 def check_layout(layout: Layout, model: ModelSpec) -> None:
     """Layouts the predictor accepts but this harness cannot run, each with its reason."""
-    if layout.precision == "fp8":
+    if layout.precision == Precision.FP8:
         raise InputError(
             "precision", "bench trains in bf16 (fp8 linears need torchao); use --precision bf16"
         )
-    if layout.sharding in ("ddp", "zero1") and layout.tp > 1:
+    if layout.sharding in (Sharding.DDP, Sharding.ZERO1) and layout.tp > 1:
         raise InputError(
             "sharding",
             f"{layout.sharding} with tp > 1 is not supported by bench; use fsdp, zero2 or hsdp with TP",
         )
-    if layout.sharding == "zero1" and layout.pp > 1:
+    if layout.sharding == Sharding.ZERO1 and layout.pp > 1:
         raise InputError("sharding", "zero1 with pp > 1 is not supported by bench; use ddp or fsdp")
-    if layout.cp > 1 and layout.attention == "math":
+    if layout.cp > 1 and layout.attention == AttentionKernel.MATH:
         raise InputError(
             "attention", "context parallelism needs --attention flash (ring attention)"
         )
-    if layout.pp > 1 and layout.pp_schedule in ("gpipe", "1f1b") and layout.virtual_stages != 1:
+    if (
+        layout.pp > 1
+        and layout.pp_schedule in (PipelineSchedule.GPIPE, PipelineSchedule.ONE_F_ONE_B)
+        and layout.virtual_stages != 1
+    ):
         raise InputError(
             "virtual_stages", f"pp_schedule {layout.pp_schedule} runs one stage per rank"
         )
-    if layout.pp > 1 and layout.pp_schedule == "zbv" and layout.virtual_stages != 2:
+    if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.virtual_stages != 2:
         raise InputError("virtual_stages", "pp_schedule zbv runs 2 stages per rank")
     if layout.tp > 1 and model.vocab_size % layout.tp:
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")

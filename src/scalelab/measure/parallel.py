@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import PipelineSchedule, Recompute, Sharding
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -52,9 +53,9 @@ class ParallelDims:
     def from_layout(cls, layout: Layout, gpus_per_node: int) -> ParallelDims:
         """HSDP shards over `hsdp_shard_size` ranks (default: a node's ranks not taken by TP and CP)."""
         dp = layout.dp
-        if layout.sharding in ("ddp", "zero1"):
+        if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
             return cls(layout.pp, dp, 1, layout.cp, layout.tp)
-        if layout.sharding == "hsdp":
+        if layout.sharding == Sharding.HSDP:
             shard = layout.dp_shard_on(gpus_per_node)
             return cls(layout.pp, dp // shard, shard, layout.cp, layout.tp)
         return cls(layout.pp, 1, dp, layout.cp, layout.tp)
@@ -115,7 +116,7 @@ def build_meshes(dims: ParallelDims, device_type: str) -> Meshes:
 
 def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
     """The global stage indices a pipeline rank runs: looped (r, r+pp, ...) or V-shaped (zbv)."""
-    if layout.pp_schedule == "zbv":
+    if layout.pp_schedule == PipelineSchedule.ZBV:
         return [pp_rank, 2 * layout.pp - 1 - pp_rank]
     return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
 
@@ -128,7 +129,9 @@ def pipeline_modules(
     Layers are split evenly and contiguously; the first stage keeps the embedding, the last
     the final norm and output. `build` makes a fresh full model (on the meta device).
     """
-    n_stages = layout.pp * (2 if layout.pp_schedule == "zbv" else layout.virtual_stages)
+    n_stages = layout.pp * (
+        2 if layout.pp_schedule == PipelineSchedule.ZBV else layout.virtual_stages
+    )
     per_stage = spec.n_layers // n_stages
     modules = []
     for stage in stage_ids(layout, pp_rank):
@@ -162,11 +165,11 @@ def build_schedule(
         PipelineStage(module, index, n_stages, device, group=pp_group) for index, module in stages
     ]
     n_micro = layout.n_microbatches
-    if layout.pp_schedule == "gpipe":
+    if layout.pp_schedule == PipelineSchedule.GPIPE:
         return sched.ScheduleGPipe(pipeline_stages[0], n_microbatches=n_micro, loss_fn=loss_fn)
-    if layout.pp_schedule == "1f1b":
+    if layout.pp_schedule == PipelineSchedule.ONE_F_ONE_B:
         return sched.Schedule1F1B(pipeline_stages[0], n_microbatches=n_micro, loss_fn=loss_fn)
-    if layout.pp_schedule == "interleaved":
+    if layout.pp_schedule == PipelineSchedule.INTERLEAVED:
         return sched.ScheduleInterleaved1F1B(
             pipeline_stages, n_microbatches=n_micro, loss_fn=loss_fn
         )
@@ -239,7 +242,7 @@ def apply_ac(model: nn.Module, mode: str) -> None:
     """Recompute in backward (`mode`): none; selective, the attention core of each block
     (`Attention.recompute_core`: only its inputs q, k, v are kept); or full, each block's forward
     (`checkpoint_wrapper`: only the block's input is kept)."""
-    if mode == "none":
+    if mode == Recompute.NONE:
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -248,7 +251,7 @@ def apply_ac(model: nn.Module, mode: str) -> None:
     layers: Any = model.layers
     for key in list(layers.keys()):
         block = layers[key]
-        if mode == "full":
+        if mode == Recompute.FULL:
             layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
         else:
             for module in block.modules():

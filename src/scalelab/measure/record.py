@@ -19,7 +19,7 @@ from typing import Any
 
 from scalelab.config.model import ModelSpec, flops_utilisation
 from scalelab.measure.job import BenchJob, CommJob, RunIdentity
-from scalelab.results import Record, stats, summarize
+from scalelab.results import Record, stats, summarize, trace_metric_s
 
 SECONDARY_NOTE = (
     "reported by a rank that lost its peers or was stopped; another rank may have failed first"
@@ -235,13 +235,7 @@ def add_trace_report(record: Record, report: dict[str, Any] | None, paths: list[
     """
     record.measurements["trace_paths"] = paths
     record.measurements["exposed_comm"] = report
-    exposed = None
-    if isinstance(report, dict):
-        metrics = (report.get("summary") or {}).get("metrics") or {}
-        value = (metrics.get("exposed_comm_us") or {}).get("mean")
-        if isinstance(value, (int, float)):
-            exposed = float(value) / 1e6
-    record.summary["exposed_comm_s"] = stats([exposed])
+    record.summary["exposed_comm_s"] = stats([trace_metric_s(report, "exposed_comm")])
 
 
 def comm_summary(rows: list[dict[str, Any]], collectives: list[str]) -> dict[str, Any]:

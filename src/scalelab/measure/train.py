@@ -34,6 +34,7 @@ from torch.nn import functional
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
+from scalelab.config.options import AttentionKernel, PipelineSchedule, Sharding
 from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
@@ -167,8 +168,12 @@ class Trainer:
         )
         bf16 = self.compute_dtype == "bf16"
         dp_ranks = self.dims.dp_replicate * self.dims.fsdp_degree
-        self.uses_fsdp = layout.sharding in ("fsdp", "zero2", "hsdp") and dp_ranks > 1
-        self.uses_ddp = layout.sharding in ("ddp", "zero1") and self.dims.dp * self.dims.cp > 1
+        self.uses_fsdp = (
+            layout.sharding in (Sharding.FSDP, Sharding.ZERO2, Sharding.HSDP) and dp_ranks > 1
+        )
+        self.uses_ddp = (
+            layout.sharding in (Sharding.DDP, Sharding.ZERO1) and self.dims.dp * self.dims.cp > 1
+        )
         self.autocast = bf16 and not self.uses_fsdp
         self.loss_parallel = layout.tp > 1
         self.pp_rank = self.meshes["pp"].get_local_rank()
@@ -181,7 +186,7 @@ class Trainer:
             stage_modules = pipeline_modules(spec, layout, self.pp_rank, build)
         else:
             stage_modules = [(0, build())]
-        reshard = layout.reshard_after_forward and layout.sharding != "zero2"
+        reshard = layout.reshard_after_forward and layout.sharding != Sharding.ZERO2
         self.stages: list[tuple[int, nn.Module]] = []
         for index, module in stage_modules:
             if layout.tp > 1:
@@ -200,7 +205,9 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.schedule: Any = None
         if layout.pp > 1:
-            n_stages = layout.pp * (2 if layout.pp_schedule == "zbv" else layout.virtual_stages)
+            n_stages = layout.pp * (
+                2 if layout.pp_schedule == PipelineSchedule.ZBV else layout.virtual_stages
+            )
             self.schedule = build_schedule(
                 self.stages, layout, n_stages, device, self.meshes["pp"].get_group(), cross_entropy
             )
@@ -225,7 +232,7 @@ class Trainer:
         # Multi-tensor kernels need every parameter on one mesh (or none); fused is fastest on GPU.
         one_mesh = len(meshes) + int(plain) <= 1
         kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
-        if self.layout.sharding == "zero1" and self.uses_ddp:
+        if self.layout.sharding == Sharding.ZERO1 and self.uses_ddp:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             return ZeroRedundancyOptimizer(
@@ -254,7 +261,7 @@ class Trainer:
             stack.enter_context(loss_parallel())
         if self.autocast:
             stack.enter_context(torch.autocast(self.info.device.type, dtype=torch.bfloat16))
-        if self.layout.attention == "math":
+        if self.layout.attention == AttentionKernel.MATH:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))

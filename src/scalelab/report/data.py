@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import InputError
-from scalelab.results import Record, load_record, record_paths, stats
+from scalelab.results import Record, load_record, record_paths, stats, trace_metric_s
 
 
 @dataclass(frozen=True)
@@ -155,11 +155,8 @@ def _mean(value: Any) -> float | None:
 def _exposed_fraction(record: Record) -> float | None:
     """Exposed communication ÷ wall time of the profiled steps (mean over ranks)."""
     report = record.measurements.get("exposed_comm") if record.measurements else None
-    if not isinstance(report, dict):
-        return None
-    metrics = (report.get("summary") or {}).get("metrics") or {}
-    exposed = _finite((metrics.get("exposed_comm_us") or {}).get("mean"))
-    wall = _finite((metrics.get("wall_us") or {}).get("mean"))
+    exposed = trace_metric_s(report, "exposed_comm")
+    wall = trace_metric_s(report, "wall")
     if exposed is None or not wall:
         return None
     return exposed / wall

@@ -36,7 +36,7 @@ from scalelab.sweep.schema import (
 )
 
 # Bench options that do not change what is measured stay out of a point's id.
-_NOT_IN_ID = ("out_dir", "cluster", "predict", "timeout_s")
+_NOT_IN_ID = ("out_dir", "predict", "timeout_s")
 
 
 class Point(BaseModel):
