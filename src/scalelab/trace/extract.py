@@ -24,15 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, getitem, itemgetter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 
 from scalelab.errors import InputError
 from scalelab.trace import classify
 from scalelab.trace.intervals import Int64Array, IntervalSet
 from scalelab.trace.load import RawTrace
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 Mode = Literal["gpu", "cpu"]
 
@@ -145,6 +147,9 @@ def _int_or(value: Any, default: int = -1) -> int:
     return default
 
 
+_NO_META = ("", -1, -1, -1, "")
+
+
 def _comm_meta(args: Any) -> tuple[str, int, int, int, str]:
     """(group, seq, bytes, group size, dtype) from one event's args (dict or typed)."""
     if args is None:
@@ -159,6 +164,8 @@ def _comm_meta(args: Any) -> tuple[str, int, int, int, str]:
         values = [args.pg_name, args.seq, args.in_nelems, args.out_nelems, args.group_size]
         dtype = args.dtype
     group, seq, n_in, n_out, size = values
+    if group is None and seq is None and n_in is None and n_out is None and size is None:
+        return _NO_META
     dtype = dtype if isinstance(dtype, str) else ""
     elements = max(_int_or(n_in), _int_or(n_out))
     width = DTYPE_BYTES.get(dtype, 0)
@@ -252,9 +259,6 @@ _DEVICE_OR_LAUNCH = (
 def _extract(raw: RawTrace) -> Timeline:
     events = raw.events
     n_events = len(events)
-    kernel_categories = classify.KERNEL_CATEGORIES
-    copy_categories = classify.COPY_CATEGORIES
-    runtime_categories = classify.RUNTIME_CATEGORIES
     named_prefixes = (
         classify.PROFILER_STEP_PREFIX,
         *classify.HOST_COLLECTIVE_PREFIXES,
@@ -434,7 +438,7 @@ def _lanes(
         key = pid * 1_000_003 + tid  # odd ids: still one number per lane for practical values
     else:
         key = (pid << 32) | tid
-    uniq, first, lane = np.unique(key, return_index=True, return_inverse=True)
+    _, first, lane = np.unique(key, return_index=True, return_inverse=True)
     labels = tuple(
         f"{p}/{t}" for p, t in zip(pid[first].tolist(), tid[first].tolist(), strict=True)
     )

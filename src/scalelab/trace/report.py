@@ -7,13 +7,15 @@ All times are integer nanoseconds (`*_ns`), so that sums are exact: the steps of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.trace.classify import COLLECTIVES
-from scalelab.trace.collectives import BandwidthRow, CommOps
-from scalelab.trace.intervals import IntervalSet
-from scalelab.trace.kernels import KernelReport
-from scalelab.trace.stragglers import StragglerReport
+
+if TYPE_CHECKING:
+    from scalelab.trace.collectives import BandwidthRow, CommOps
+    from scalelab.trace.intervals import IntervalSet
+    from scalelab.trace.kernels import KernelReport
+    from scalelab.trace.stragglers import StragglerReport
 
 Mode = Literal["gpu", "cpu"]
 StepSource = Literal["device", "host", "none"]
