@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from scalelab.errors import InputError
 
 try:  # ISA-L's inflate, 2-3x faster than zlib's (optional: the `fast` extra)
@@ -146,6 +144,8 @@ def _gunzip(data: bytes, where: str) -> bytes:
 
 
 def _parse_general(path: Path, data: bytes) -> RawTrace:
+    import orjson  # only here: the typed fast path reads most traces without it
+
     where = str(path)
     try:
         document = orjson.loads(data)
