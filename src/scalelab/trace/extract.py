@@ -248,6 +248,7 @@ _CATEGORY_CODE: dict[Any, int] = {
     classify.GPU_ANNOTATION_CATEGORY: 4,
     # Flow and instant events, never a profiler step or a collective annotation: skipped (5).
     **dict.fromkeys(("ac2g", "async_cpu_to_gpu", "cpu_instant_event", "fwdbwd", "Trace"), 5),
+    "\0skipped": 5,  # schema.SKIPPED_CATEGORY: events of phases the typed decoder skips
 }
 
 
@@ -274,7 +275,7 @@ def _extract(raw: RawTrace) -> Timeline:
         if not kernels and not copies:  # a CPU trace: its few host events, as dicts
             raw = RawTrace(
                 raw.path,
-                [schema.as_dict(ev) for ev in events if ev.ph == "X" or ev.cat is not None],
+                [schema.as_dict(ev) for ev in events if ev.__class__ is schema.Event],
                 raw.metadata,
             )
             events = raw.events
