@@ -32,6 +32,7 @@ Parser = Literal["auto", "general"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
+_BLANK = re.compile(rb"\s*\Z")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -117,7 +118,7 @@ def _read_bytes(path: Path) -> bytes:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip(data, where)
-    if not data or (data[:1].isspace() and not data.strip()):
+    if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
 
@@ -135,7 +136,7 @@ def _gunzip(data: bytes, where: str) -> bytes:
         raise InputError(
             where, "truncated gzip file: the compressed data ends before its end marker"
         )
-    if rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
+    if rest and rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
         try:
             return gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as exc:
