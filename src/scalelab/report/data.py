@@ -184,8 +184,11 @@ def _exposed_fraction(record: Record) -> float | None:
     if not isinstance(report, dict):
         return None
     metrics = (report.get("summary") or {}).get("metrics") or {}
-    exposed = _finite((metrics.get("exposed_comm_us") or {}).get("mean"))
-    wall = _finite((metrics.get("wall_us") or {}).get("mean"))
+    # scalelab.trace/2 writes nanoseconds (*_ns), /1 microseconds (*_us): the ratio is the same.
+    exposed = _finite(
+        (metrics.get("exposed_comm_ns") or metrics.get("exposed_comm_us") or {}).get("mean")
+    )
+    wall = _finite((metrics.get("wall_ns") or metrics.get("wall_us") or {}).get("mean"))
     if exposed is None or not wall:
         return None
     return exposed / wall
