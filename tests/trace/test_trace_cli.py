@@ -237,9 +237,12 @@ def test_bandwidth_beside_the_cluster_prediction(capsys: pytest.CaptureFixture[s
     )
     assert code == 0, err
     (rank,) = json.loads(out)["ranks"]
-    rows = rank["bandwidth"]
-    assert rows and all(r["collective"] == "AllReduce" and r["group_size"] == 2 for r in rows)
+    rows = [r for r in rank["bandwidth"] if r["collective"] == "AllReduce"]
+    assert rows and all(r["group_size"] == 2 for r in rows)
     assert all(r["predicted_busbw_gbps"] > 0 for r in rows)
+    # DDP's initial broadcasts: busbw factor 1; the predictor does not model broadcast
+    broadcast = [r for r in rank["bandwidth"] if r["collective"] == "Broadcast"]
+    assert broadcast and all(r["predicted_busbw_gbps"] is None for r in broadcast)
     # nccl-tests: all-reduce busbw = algbw x 2(n-1)/n = algbw on 2 ranks
     assert all(r["busbw_gbps"] == r["algbw_gbps"] for r in rows)
     code, out, _ = run_cli(
