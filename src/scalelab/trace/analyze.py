@@ -176,7 +176,7 @@ def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
     return int((unlinked & (timeline.activity_start_ns < windows.start_ns[0])).sum())
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Sets:
     """The interval sets every window is measured against."""
 

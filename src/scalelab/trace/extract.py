@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 Mode = Literal["gpu", "cpu"]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Timeline:
     """The classified activity of one trace (one rank), ready for interval arithmetic."""
 
@@ -67,7 +67,7 @@ class Timeline:
     comm_detail: CommDetail | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class DeviceDetail:
     """gpu traces: what each device event is (rows as `activity_*`: kernels, then copies)."""
 
@@ -84,7 +84,7 @@ class DeviceDetail:
     annotation_names: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class CommDetail:
     """Metadata of every communication event (rows as `comm_*`), where the trace carries it:
     record_param_comms / NCCL kernel args (`Process Group Name`, `Seq`, `In/Out msg nelems`,

@@ -36,7 +36,7 @@ _BLANK = re.compile(rb"\s*\Z")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RawTrace:
     """One parsed trace file: its events and its top-level metadata (everything but the events).
 

@@ -154,7 +154,7 @@ class StepBreakdown(Breakdown):
         return {"step": self.step, "start_ns": self.start_ns, **super().to_dict()}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RankIntervals:
     """A rank's activity as interval sets (what plots draw); kept only on request."""
 
@@ -165,7 +165,7 @@ class RankIntervals:
     last_ns: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class RankReport:
     """The analysis of one trace file (one rank)."""
 
@@ -218,7 +218,7 @@ class RankReport:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class MetricSummary:
     """One metric across ranks: mean, max, and which trace has the max."""
 
@@ -236,7 +236,7 @@ class MetricSummary:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class Summary:
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
     has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`: often
@@ -261,7 +261,7 @@ class Summary:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class TraceReport:
     """What `scalelab.trace.analyze` returns: one RankReport per trace file and a Summary."""
 
