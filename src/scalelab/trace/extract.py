@@ -196,29 +196,22 @@ _Buckets = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
 
 def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) -> _Buckets:
     """Sort events into kernels, copies, launch calls, device annotations and named host events
-    (profiler steps, host collectives), with C-level passes (map, compress) over the event list
-    instead of a Python loop: a few tens of nanoseconds per event and pass.
+    (profiler steps, host collectives): one Python pass with a dict lookup per event (measured
+    faster than numpy over category codes plus gathers), then a cheap name test on the rest.
 
     Kineto writes device events and launch calls as complete 'X' events only, so the category
     alone decides; named events are those of other categories whose name starts with a prefix.
     """
-    cats = (
-        list(map(attrgetter("cat"), events))
-        if typed
-        else list(map(dict.get, events, repeat("cat")))
-    )
-    # One small integer per event (0: other), then numpy finds each bucket's rows.
-    codes = np.fromiter(map(_CATEGORY_CODE.get, cats, repeat(0)), np.int8, len(cats))
-
-    def rows(code: int) -> list[Any]:
-        idx = np.flatnonzero(codes == code).tolist()
-        if not idx:
-            return []
-        if len(idx) == 1:
-            return [events[idx[0]]]
-        return list(itemgetter(*idx)(events))
-
-    others = rows(0)
+    buckets: list[list[Any]] = [[], [], [], [], [], []]
+    appends = [b.append for b in buckets]
+    code = _CATEGORY_CODE.get
+    if typed:
+        for ev in events:
+            appends[code(ev.cat, 0)](ev)
+    else:
+        for ev in events:
+            appends[code(ev.get("cat"), 0)](ev)
+    others = buckets[0]
     if typed:
         names: list[Any] = list(map(attrgetter("name"), others))
     else:
@@ -235,7 +228,7 @@ def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) ->
         for ev, n in zip(compress(others, flags), compress(names, flags), strict=True)
         if n.startswith(named_prefixes)
     ]
-    return rows(1), rows(2), rows(3), rows(4), named
+    return buckets[1], buckets[2], buckets[3], buckets[4], named
 
 
 _HEAD = slice(0, 5)
