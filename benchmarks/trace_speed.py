@@ -13,9 +13,12 @@ times, on the same files:
 It prints events, seconds each, the speed-up, and both tools' overlap percentages, which must be
 equal. Without HTA it says so and times scalelab alone. `--real DIR` also times both, file by
 file, on real traces (where HTA's overlap differs by definition: it drops the last profiler step
-and kernels it cannot correlate). Record results in docs/benchmarks.md.
+and kernels it cannot correlate); there it also times the `scalelab trace FILE` command, a new
+process each time, against HTA's library call and against a whole HTA process. Record results
+in docs/benchmarks.md with the date, the machine and its load (printed).
 
     PYTHONPATH=src python benchmarks/trace_speed.py [--events 1000000] [--ranks 1] [--real tests/data/traces]
+    PYTHONPATH=src python benchmarks/trace_speed.py --real tests/data/traces --real-only --repeat 5 --hta-repeat 2
 """
 
 from __future__ import annotations
@@ -115,35 +118,112 @@ def time_hta(folder: Path, python: str, repeat: int, timeout_s: float) -> dict[s
     return best
 
 
-def compare_real(folder: Path, python: str, repeat: int, timeout_s: float) -> None:
-    """Both tools, file by file, on real traces (HTA reads a folder: one temporary folder each)."""
-    print(f"\nreal traces in {folder} (seconds: scalelab best of {repeat}, HTA best of 1):")
-    print(
-        f"{'file':34} {'events':>9} {'scalelab s':>10} {'HTA s':>7} {'x':>6} {'overlap %':>9} {'HTA %':>7}"
+def _uptime() -> str:
+    try:
+        load = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} (1, 5, 15 min)"
+
+
+def _command_env() -> dict[str, str]:
+    """The command as an installed package runs: its modules byte-compiled (pip does that at
+    install; this sandbox sets PYTHONDONTWRITEBYTECODE, which would recompile every run)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(src / "scalelab")],
+        env=env,
+        check=False,
+        capture_output=True,
     )
-    total_ours = total_hta = 0.0
-    for path in sorted(folder.glob("*.json*")):
+    return env
+
+
+def time_command(path: Path, repeat: int, env: dict[str, str]) -> float:
+    """Wall clock of `python -m scalelab trace FILE` (table output), a new process each time."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "scalelab", "trace", str(path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+        best = min(best, time.perf_counter() - t0)
+        if done.returncode != 0:
+            raise SystemExit(f"scalelab trace {path} failed: {done.stderr.decode()[-300:]}")
+    return best
+
+
+def time_hta_process(folder: Path, python: str) -> float:
+    """Wall clock of a whole HTA process (interpreter, imports, parse, overlap)."""
+    t0 = time.perf_counter()
+    subprocess.run([python, "-c", _HTA_SCRIPT, str(folder)], capture_output=True, check=False)
+    return time.perf_counter() - t0
+
+
+def compare_real(
+    folder: Path,
+    python: str,
+    repeat: int,
+    hta_repeat: int,
+    timeout_s: float,
+    min_events: int,
+    pattern: str = "*.json*",
+    hta_process: bool = False,
+) -> None:
+    """Both tools, file by file, on real traces (HTA reads a folder: one temporary folder each).
+
+    Columns: scalelab's library call (`analyze`, best of --repeat), the `scalelab trace FILE`
+    command (a new process each time, best of --repeat), HTA's library call
+    (`get_comm_comp_overlap`, parse + analysis, imports excluded, best of --hta-repeat) and a
+    whole HTA process (one run). Ratios: HTA's library call over scalelab's library call, and
+    over scalelab's whole command (the stricter comparison: the command pays Python's and
+    numpy's start-up, HTA's library time does not).
+    """
+    env = _command_env()
+    print(f"\nreal traces in {folder}; {_uptime()}")
+    print(
+        f"scalelab best of {repeat}, HTA library best of {hta_repeat}; targets apply to files "
+        f"with more than {min_events:,} events"
+    )
+    header = (
+        f"{'file':30} {'events':>8} {'lib s':>7} {'cmd s':>7} {'HTA s':>7} {'HTA proc s':>10} "
+        f"{'lib x':>6} {'cmd x':>6} {'cmd x proc':>10} {'overlap %':>9} {'HTA %':>7}"
+    )
+    print(header)
+    for path in sorted(folder.glob(pattern)):
         seconds, overlap = time_scalelab([path], repeat)
+        command_s = time_command(path, repeat, env)
         report = analyze(path)
         (pct,) = overlap.values()
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copy(path, tmp)
-            hta = time_hta(Path(tmp), python, 1, timeout_s)
+            hta = time_hta(Path(tmp), python, hta_repeat, timeout_s)
+            hta_proc = (
+                time_hta_process(Path(tmp), python)
+                if hta_process and not isinstance(hta, str)
+                else float("nan")
+            )
+        n_events = report.ranks[0].n_events
         if isinstance(hta, str):
             hta_s, hta_pct = float("nan"), hta.split(":")[0]
         else:
             hta_s = float(hta["seconds"])  # type: ignore[arg-type]
             hta_pct = ", ".join(f"{v:g}" for v in hta["overlap_pct"].values())  # type: ignore[attr-defined]
-            total_ours, total_hta = total_ours + seconds, total_hta + hta_s
+        mark = "*" if n_events > min_events else " "
         print(
-            f"{path.name:34} {report.ranks[0].n_events:>9,} {seconds:>10.3f} {hta_s:>7.2f} "
-            f"{hta_s / seconds:>6.1f} {'—' if pct is None else pct:>9} {hta_pct:>7}"
+            f"{mark}{path.name.removesuffix('.json.gz'):29} {n_events:>8,} {seconds:>7.3f} "
+            f"{command_s:>7.3f} {hta_s:>7.2f} {hta_proc:>10.2f} {hta_s / seconds:>6.1f} "
+            f"{hta_s / command_s:>6.1f} {hta_proc / command_s:>10.1f} "
+            f"{'—' if pct is None else pct:>9} {hta_pct:>7}",
+            flush=True,
         )
-    if total_ours:
-        print(
-            f"all files where both ran: scalelab {total_ours:.2f} s, HTA {total_hta:.2f} s, "
-            f"{total_hta / total_ours:.1f}x"
-        )
+    print(f"(* more than {min_events:,} events); {_uptime()}")
 
 
 def main() -> None:
@@ -156,7 +236,33 @@ def main() -> None:
     parser.add_argument("--hta-timeout", type=float, default=300.0, help="seconds per HTA run")
     parser.add_argument("--workdir", type=Path, default=None, help="where the traces are kept")
     parser.add_argument("--real", type=Path, default=None, help="also compare on these real traces")
+    parser.add_argument(
+        "--real-only", action="store_true", help="skip the synthetic trace (with --real)"
+    )
+    parser.add_argument("--min-events", type=int, default=10_000, help="target threshold")
+    parser.add_argument("--files", default="*.json*", help="glob of the real traces to time")
+    parser.add_argument(
+        "--hta-process", action="store_true", help="also time one whole HTA process per file"
+    )
     args = parser.parse_args()
+    if args.real_only:
+        if args.real is None:
+            parser.error("--real-only needs --real DIR")
+        print(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}"
+        )
+        compare_real(
+            args.real,
+            args.hta_python,
+            args.repeat,
+            args.hta_repeat,
+            args.hta_timeout,
+            args.min_events,
+            args.files,
+            args.hta_process,
+        )
+        return
 
     folder = (
         args.workdir
@@ -199,7 +305,16 @@ def main() -> None:
     same = hta_overlap == scalelab_overlap
     print(f"same overlap percentages: {'yes' if same else 'NO'}")
     if args.real is not None:
-        compare_real(args.real, args.hta_python, args.repeat, args.hta_timeout)
+        compare_real(
+            args.real,
+            args.hta_python,
+            args.repeat,
+            args.hta_repeat,
+            args.hta_timeout,
+            args.min_events,
+            args.files,
+            args.hta_process,
+        )
     if not same:
         sys.exit(1)
 

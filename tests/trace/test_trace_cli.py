@@ -229,3 +229,23 @@ def test_help_lists_trace_and_typer_forwards_to_it(capsys: pytest.CaptureFixture
     assert result.exit_code == 0
     assert json.loads(result.output)["schema"] == "scalelab.trace/2"
     assert "trace" in CliRunner().invoke(app, ["--help"]).output
+
+
+def test_bandwidth_beside_the_cluster_prediction(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(
+        [str(TRACES / "a100-ddp-rank0-of-2.json.gz"), "--cluster", "a100-ib", "--json"], capsys
+    )
+    assert code == 0, err
+    (rank,) = json.loads(out)["ranks"]
+    rows = [r for r in rank["bandwidth"] if r["collective"] == "AllReduce"]
+    assert rows and all(r["group_size"] == 2 for r in rows)
+    assert all(r["predicted_busbw_gbps"] > 0 for r in rows)
+    # DDP's initial broadcasts: busbw factor 1; the predictor does not model broadcast
+    broadcast = [r for r in rank["bandwidth"] if r["collective"] == "Broadcast"]
+    assert broadcast and all(r["predicted_busbw_gbps"] is None for r in broadcast)
+    # nccl-tests: all-reduce busbw = algbw x 2(n-1)/n = algbw on 2 ranks
+    assert all(r["busbw_gbps"] == r["algbw_gbps"] for r in rows)
+    code, out, _ = run_cli(
+        [str(TRACES / "a100-ddp-rank0-of-2.json.gz"), "--bandwidth", "--cluster", "a100-ib"], capsys
+    )
+    assert code == 0 and "predicted busbw" in out and "AllReduce" in out

@@ -159,3 +159,25 @@ def test_work_launched_before_profiling_is_reported_apart(tmp_path: Path) -> Non
     assert rank.after_steps.wall_ns == 0
     assert rank.outside_steps == before
     assert rank.to_dict()["launched_before_profiling"] == 2
+
+
+def test_cpu_traces_are_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU trace used to be decoded by the typed path, refused, and decoded again."""
+    import sys
+
+    from trace_helpers import TRACES
+
+    from scalelab.trace.load import read_trace
+
+    analyze_module = sys.modules["scalelab.trace.analyze"]  # the module, not the function
+
+    calls: list[str] = []
+
+    def counting(path: object, *, parser: str = "auto") -> object:
+        calls.append(parser)
+        return read_trace(path, parser=parser)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(analyze_module, "read_trace", counting)
+    rank = analyze_module.analyze_file(TRACES / "cpu-gloo-rank34-of-300.json.gz")
+    assert rank.mode == "cpu"
+    assert calls == ["auto"]

@@ -247,3 +247,13 @@ def test_analyze_on_the_folder_summarises_across_ranks() -> None:
     assert exposed.max == pytest.approx(max(means))
     text = json.dumps(report.to_dict(), allow_nan=False)  # no NaN anywhere
     assert '"schema": "scalelab.trace/2"' in text
+
+
+def test_the_bench_harness_stores_the_json_document() -> None:
+    """measure/launch.py stores `report.model_dump()` when there is one: JSON-ready, no arrays;
+    report/data.py reads the exposed fraction from its summary."""
+    report = analyze(TRACES / "a100-ddp-rank0-of-2.json.gz")
+    document = report.model_dump()
+    json.dumps(document, allow_nan=False)
+    metrics = document["summary"]["metrics"]
+    assert metrics["exposed_comm_ns"]["mean"] > 0 and metrics["wall_ns"]["mean"] > 0

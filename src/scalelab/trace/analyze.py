@@ -6,6 +6,7 @@ import gc
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,7 +25,9 @@ from scalelab.trace.report import (
     summarise,
 )
 from scalelab.trace.steps import StepWindows, step_windows
-from scalelab.trace.stragglers import StragglerReport, find_stragglers
+
+if TYPE_CHECKING:
+    from scalelab.trace.stragglers import StragglerReport
 
 
 def analyze(
@@ -65,6 +68,8 @@ def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
     ids = [r.rank for r in known]
     if len(known) < 2 or len(set(ids)) != len(ids):
         return None
+    from scalelab.trace.stragglers import find_stragglers
+
     ops = {int(r.rank): r.comm_ops for r in known if r.rank is not None and r.comm_ops}
     steps = {
         int(r.rank): (
@@ -171,7 +176,7 @@ def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
     return int((unlinked & (timeline.activity_start_ns < windows.start_ns[0])).sum())
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Sets:
     """The interval sets every window is measured against."""
 

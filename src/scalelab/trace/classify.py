@@ -6,6 +6,7 @@ Holistic Trace Analysis) and stay fast on millions of events; results are cached
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -103,6 +104,7 @@ def is_comm_kernel(name: str) -> bool:
     return any(marker in lower for marker in OTHER_COMM_KERNEL_MARKERS)
 
 
+@functools.lru_cache(maxsize=4096)
 def collective_from_label(label: str) -> str | None:
     """The canonical collective for a PyTorch-level label.
 

@@ -58,7 +58,7 @@ def bus_factor(collective: str, n: int) -> float | None:
     return 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class CommOps:
     """A rank's communication events, sorted by start (arrays, one row per event)."""
 
@@ -98,7 +98,7 @@ class CommOps:
         return int(self.start_ns.size)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class BandwidthRow:
     """One collective at one message size and group size on one rank: nccl-tests' figures."""
 
@@ -172,7 +172,7 @@ def bandwidth_rows(ops: CommOps) -> list[BandwidthRow]:
     return rows
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class CollectiveObservation:
     """One (collective, size, group size) from a trace, as `scalelab calibrate` takes a `comm`
     record's row: `nbytes` sized as nccl-tests sizes it, `time_s` the median time."""

@@ -23,7 +23,7 @@ from typing import Any
 from scalelab.trace.report import RankReport, StepBreakdown, TraceReport
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class DiffRow:
     part: str  # "compute: GEMM", "exposed comm: AllGather", "copy only", "idle"
     a_ns: float
@@ -51,7 +51,7 @@ class DiffRow:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class TraceDiff:
     a_label: str
     b_label: str

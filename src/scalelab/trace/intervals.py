@@ -10,11 +10,16 @@ Integer nanoseconds keep every sum exact, so per-step numbers add up to whole-tr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
 
-Int64Array = NDArray[np.int64]
+if TYPE_CHECKING:  # numpy.typing costs an import at run time; annotations only need it here
+    from numpy.typing import ArrayLike, NDArray
+
+    Int64Array = NDArray[np.int64]
+else:
+    Int64Array = np.ndarray
 
 
 def _as_int64(values: ArrayLike) -> Int64Array:

@@ -33,7 +33,7 @@ TOP_KERNELS = 5
 TOP_ANNOTATIONS = 20
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class KernelStat:
     name: str
     count: int
@@ -43,7 +43,7 @@ class KernelStat:
         return {"name": self.name, "count": self.count, "total_ns": self.total_ns}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class KernelClassStat:
     """One kernel class: the summed durations of its events (not a union: kernels on several
     streams each count), its share of all device time, and its top kernels by time."""
@@ -64,7 +64,7 @@ class KernelClassStat:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class AnnotationStat:
     """A device-side user annotation (all its spans together): compute and communication time
     under it and the part of that communication with no compute running (exposed)."""
@@ -87,7 +87,7 @@ class AnnotationStat:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class StreamIdle:
     """Idle time between consecutive events of one stream, by cause (see the module doc)."""
 
@@ -112,7 +112,7 @@ class StreamIdle:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LaunchStats:
     """Kernels linked to their launch call: launch delay and kernels shorter than their launch."""
 
@@ -142,7 +142,7 @@ class LaunchStats:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class KernelReport:
     """The kernel-level view of one rank (GPU traces)."""
 

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from scalelab.errors import InputError
 
 try:  # ISA-L's inflate, 2-3x faster than zlib's (optional: the `fast` extra)
@@ -34,10 +32,11 @@ Parser = Literal["auto", "general"]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
+_BLANK = re.compile(rb"\s*\Z")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RawTrace:
     """One parsed trace file: its events and its top-level metadata (everything but the events).
 
@@ -119,7 +118,7 @@ def _read_bytes(path: Path) -> bytes:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip(data, where)
-    if not data or (data[:1].isspace() and not data.strip()):
+    if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
 
@@ -137,7 +136,7 @@ def _gunzip(data: bytes, where: str) -> bytes:
         raise InputError(
             where, "truncated gzip file: the compressed data ends before its end marker"
         )
-    if rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
+    if rest and rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
         try:
             return gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as exc:
@@ -146,6 +145,8 @@ def _gunzip(data: bytes, where: str) -> bytes:
 
 
 def _parse_general(path: Path, data: bytes) -> RawTrace:
+    import orjson  # only here: the typed fast path reads most traces without it
+
     where = str(path)
     try:
         document = orjson.loads(data)

@@ -7,13 +7,15 @@ All times are integer nanoseconds (`*_ns`), so that sums are exact: the steps of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.trace.classify import COLLECTIVES
-from scalelab.trace.collectives import BandwidthRow, CommOps
-from scalelab.trace.intervals import IntervalSet
-from scalelab.trace.kernels import KernelReport
-from scalelab.trace.stragglers import StragglerReport
+
+if TYPE_CHECKING:
+    from scalelab.trace.collectives import BandwidthRow, CommOps
+    from scalelab.trace.intervals import IntervalSet
+    from scalelab.trace.kernels import KernelReport
+    from scalelab.trace.stragglers import StragglerReport
 
 Mode = Literal["gpu", "cpu"]
 StepSource = Literal["device", "host", "none"]
@@ -152,7 +154,7 @@ class StepBreakdown(Breakdown):
         return {"step": self.step, "start_ns": self.start_ns, **super().to_dict()}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RankIntervals:
     """A rank's activity as interval sets (what plots draw); kept only on request."""
 
@@ -163,7 +165,7 @@ class RankIntervals:
     last_ns: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class RankReport:
     """The analysis of one trace file (one rank)."""
 
@@ -216,7 +218,7 @@ class RankReport:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class MetricSummary:
     """One metric across ranks: mean, max, and which trace has the max."""
 
@@ -234,7 +236,7 @@ class MetricSummary:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class Summary:
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
     has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`: often
@@ -259,7 +261,7 @@ class Summary:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class TraceReport:
     """What `scalelab.trace.analyze` returns: one RankReport per trace file and a Summary."""
 
@@ -275,6 +277,10 @@ class TraceReport:
             "summary": self.summary.to_dict(),
             "stragglers": None if self.stragglers is None else self.stragglers.to_dict(),
         }
+
+    def model_dump(self) -> dict[str, Any]:
+        """The JSON-ready document (`to_dict`), under the name the bench harness stores."""
+        return self.to_dict()
 
 
 def summarise(ranks: list[RankReport], *, straggler: int | None = None) -> Summary:

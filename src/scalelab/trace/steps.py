@@ -24,7 +24,7 @@ from scalelab.trace.intervals import Int64Array
 StepSource = Literal["device", "host", "none"]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class StepWindows:
     """Disjoint, sorted [start, end) windows, one per profiler step, and where they came from."""
 

@@ -25,7 +25,7 @@ from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class MatchedCollective:
     """One collective seen on several ranks."""
 
@@ -51,7 +51,7 @@ class MatchedCollective:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RankLag:
     rank: int
     collectives: int  # matched collectives it took part in
@@ -73,7 +73,7 @@ class RankLag:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class StepStraggler:
     step: int
     straggler: int  # the rank that caused the most waiting in the step
@@ -91,7 +91,7 @@ class StepStraggler:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class StragglerReport:
     match: str  # "sequence number" or "order"
     straggler: int  # the rank that caused the most waiting overall
