@@ -3,8 +3,9 @@
 The harness (`measure/`) and the predictor (`perf/`) never import each other; this module is where
 a measured record meets its prediction. `bench --predict` and `sweep` (with `predict: true`)
 attach one to the record they wrote (`attach_prediction`), `report --predict` reads the record's
-prediction or makes one (`prediction_of`), and `calibrate` and `validate` read a record's model
-and layout the same way (`record_model`, `record_layout`). A prediction is the predictor's flat
+prediction or makes one (`prediction_of`), and `calibrate` reads a record's model and layout the
+same way (`record_model`, `record_layout`). (`validate` predicts published runs, not records: it
+reads the run data in `scalelab.runs`.) A prediction is the predictor's flat
 result (`predict_layout`) with the cluster's name; its metric names are the records' own.
 """
 
