@@ -137,6 +137,17 @@ def _truncated_gzip(tmp_path: Path) -> Path:
             ("traceEvents[0].ts",),  # a device event is read even without 'ph'
         ),
         (gzip.compress(b"this is not json"), ("not valid JSON",)),
+        (
+            json.dumps(
+                {
+                    "traceEvents": [
+                        {"ph": "X", "cat": "mtia_runtime", "name": "launch", "ts": 1, "dur": 2},
+                        {"ph": "X", "cat": "mtia_ccp_events", "name": "k", "ts": 5, "dur": 9},
+                    ]
+                }
+            ).encode(),
+            ("MTIA", "mtia_runtime", "models CUDA and ROCm"),
+        ),
         (b"\x1f\x8b\x08\x00garbage-after-a-gzip-magic", ("gzip",)),
     ],
 )

@@ -88,6 +88,7 @@ def test_kernel_classes_and_annotations(tmp_path: Path) -> None:
     assert layer.comm_ns == 40 * US
     assert layer.compute_ns == 30 * US - 20
     assert layer.exposed_comm_ns == 15 * US + 20  # and the 20 ns gap at 35 µs
+    assert layer.exposed_by_collective == {"AllReduce": 15 * US + 20}
 
 
 def test_short_kernels_are_counted(tmp_path: Path) -> None:

@@ -433,7 +433,15 @@ def _render_kernels(out: _Out, report: TraceReport) -> None:
         if k.annotations:
             out.table(
                 f"rank {_rank(r)}: by user annotation (device side)",
-                ["annotation", "count", "wall ms", "compute ms", "comm ms", "exposed ms"],
+                [
+                    "annotation",
+                    "count",
+                    "wall ms",
+                    "compute ms",
+                    "comm ms",
+                    "exposed ms",
+                    "exposed by",
+                ],
                 [
                     [
                         a.name[:60],
@@ -442,9 +450,13 @@ def _render_kernels(out: _Out, report: TraceReport) -> None:
                         _ms(a.compute_ns),
                         _ms(a.comm_ns),
                         _ms(a.exposed_comm_ns),
+                        ", ".join(
+                            f"{name} {_ms(v)}" for name, v in a.exposed_by_collective.items()
+                        ),
                     ]
                     for a in k.annotations
                 ],
+                left={0, 6},
             )
         out.table(
             f"rank {_rank(r)}: idle time per stream by cause (HTA's definitions)",

@@ -145,7 +145,13 @@ def analyze_file(
         after_steps=after,
         launched_before_profiling=_launched_before_profiling(timeline, windows),
         kernels=kernel_report(
-            timeline, sets.compute, sets.comm, windows.numbers, windows.start_ns, windows.end_ns
+            timeline,
+            sets.compute,
+            sets.comm,
+            windows.numbers,
+            windows.start_ns,
+            windows.end_ns,
+            [(name, exposed) for name, _, exposed, _ in sets.collectives],
         ),
         bandwidth=bandwidth_rows(comm_ops),
         comm_ops=comm_ops,

@@ -75,6 +75,8 @@ class AnnotationStat:
     compute_ns: int
     comm_ns: int
     exposed_comm_ns: int
+    # Per collective under it: its exposed time (which layer's AllGather is exposed).
+    exposed_by_collective: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +86,7 @@ class AnnotationStat:
             "compute_ns": self.compute_ns,
             "comm_ns": self.comm_ns,
             "exposed_comm_ns": self.exposed_comm_ns,
+            "exposed_by_collective_ns": dict(self.exposed_by_collective),
         }
 
 
@@ -179,6 +182,7 @@ def kernel_report(
     step_numbers: Int64Array,
     step_start_ns: Int64Array,
     step_end_ns: Int64Array,
+    exposed_by_collective: list[tuple[str, IntervalSet]] | None = None,
 ) -> KernelReport | None:
     """The kernel view of a GPU trace's timeline; None for CPU traces."""
     d = t.device
@@ -222,7 +226,7 @@ def kernel_report(
     classes.sort(key=lambda c: -c.total_ns)
     return KernelReport(
         classes=classes,
-        annotations=_annotations(t, compute, comm),
+        annotations=_annotations(t, compute, comm, exposed_by_collective or []),
         streams=_stream_idle(t),
         launches=_launch_stats(t),
         compute_class_ns_by_step=_compute_classes_by_step(
@@ -257,7 +261,12 @@ def _compute_classes_by_step(
     }
 
 
-def _annotations(t: Timeline, compute: IntervalSet, comm: IntervalSet) -> list[AnnotationStat]:
+def _annotations(
+    t: Timeline,
+    compute: IntervalSet,
+    comm: IntervalSet,
+    exposed_by_collective: list[tuple[str, IntervalSet]],
+) -> list[AnnotationStat]:
     d = t.device
     assert d is not None
     if d.annotation_start_ns.size == 0:
@@ -279,9 +288,18 @@ def _annotations(t: Timeline, compute: IntervalSet, comm: IntervalSet) -> list[A
     wall, comp, com, exp = total(hi - lo), total(c_compute), total(c_comm), total(c_exposed)
     order = np.lexsort((-com, -exp))[:TOP_ANNOTATIONS]
     labels = list(index)
+    per_collective = [
+        (name, total(exposed_set.covered_in(lo, hi))) for name, exposed_set in exposed_by_collective
+    ]
     return [
         AnnotationStat(
-            labels[i], int(count[i]), int(wall[i]), int(comp[i]), int(com[i]), int(exp[i])
+            labels[i],
+            int(count[i]),
+            int(wall[i]),
+            int(comp[i]),
+            int(com[i]),
+            int(exp[i]),
+            {name: int(v[i]) for name, v in per_collective if v[i] > 0},
         )
         for i in order.tolist()
     ]
