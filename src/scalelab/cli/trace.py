@@ -534,13 +534,13 @@ def _add_predictions(report: TraceReport, cluster_name: str) -> None:
 
     from scalelab.config.catalog import load_cluster
     from scalelab.perf import comm
-    from scalelab.trace.collectives import PREDICTOR_NAME
+    from scalelab.trace.collectives import MODELLED_NAME
 
     cluster = load_cluster(cluster_name)
     for i, r in enumerate(report.ranks):
         rows = []
         for b in r.bandwidth:
-            name = PREDICTOR_NAME.get(b.collective)
+            name = MODELLED_NAME.get(b.collective)
             if name is None:
                 rows.append(b)
                 continue

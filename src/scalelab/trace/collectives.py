@@ -12,8 +12,8 @@ kernel time after the last rank arrived: where the ranks' traces are analysed to
 a rank spent waiting for a late rank (`stragglers`) is taken off; on one rank alone, its kernel
 duration, which includes any such wait.
 
-The collective names and bus factors live in this one table so that they can be unified with the
-rest of scalelab's (`perf.comm`) in one place.
+The collective names and bus factors are `scalelab.collectives`' (the predictor and the collective
+benchmark use the same table).
 """
 
 from __future__ import annotations
@@ -23,39 +23,24 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.collectives import BENCHMARKED, BY_NAME, TABLE
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.extract import Timeline
 from scalelab.trace.intervals import Int64Array
 
-# trace collective -> (nccl-tests bus factor as a function of n, the predictor's name or None)
-BUS_FACTOR_KIND = {
-    "AllReduce": "2(n-1)/n",
-    "AllGather": "(n-1)/n",
-    "ReduceScatter": "(n-1)/n",
-    "AllToAll": "(n-1)/n",
-    "Broadcast": "1",
-    "Reduce": "1",
-    "SendRecv": "1",
-}
-PREDICTOR_NAME = {
-    "AllReduce": "all_reduce",
-    "AllGather": "all_gather",
-    "ReduceScatter": "reduce_scatter",
-    "AllToAll": "all_to_all",
-    "SendRecv": "send_recv",
-}
+# A trace's collective (its display name, e.g. "AllGather") -> scalelab's collective name, from the
+# one table in `scalelab.collectives`; Barrier and Other have no bandwidth definition.
+PREDICTOR_NAME: dict[str, str] = {c.display: c.name for c in TABLE}
+# Those the predictor and the collective benchmark model (broadcast and reduce are trace-only).
+MODELLED_NAME: dict[str, str] = {d: n for d, n in PREDICTOR_NAME.items() if n in BENCHMARKED}
 
 
 def bus_factor(collective: str, n: int) -> float | None:
     """nccl-tests' busbw / algbw; None for collectives without a definition (Barrier, Other)."""
-    kind = BUS_FACTOR_KIND.get(collective)
-    if kind is None or n < 1:
+    name = PREDICTOR_NAME.get(collective)
+    if name is None or n < 1:
         return None
-    if kind == "2(n-1)/n":
-        return 2.0 * (n - 1) / n
-    if kind == "(n-1)/n":
-        return (n - 1) / n
-    return 1.0
+    return float(BY_NAME[name].bus_factor(n))
 
 
 @dataclass(eq=False)
@@ -191,7 +176,7 @@ def calibration_observations(report: Any) -> list[CollectiveObservation]:
     out = []
     for rank in report.ranks:
         for row in rank.bandwidth:
-            name = PREDICTOR_NAME.get(row.collective)
+            name = MODELLED_NAME.get(row.collective)
             if name is None:
                 continue
             out.append(
