@@ -212,7 +212,12 @@ class ClusterSpec(BaseModel):
     nic_gbps: float = Field(
         gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
     )
-    max_gpus: int = Field(default=65536, gt=0, description="the largest job the cluster can run")
+    max_gpus: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="the largest job the predictor accepts on this cluster (1,000,000 by default: "
+        "a modelling scope, not a site's size)",
+    )
     params: ClusterParams = Field(
         default=ClusterParams(), description="the predictor's fitted parameters (`calibrate`)"
     )
