@@ -105,12 +105,12 @@ class ClusterParams(BaseModel):
     nvlink_step_latency_us: float = Field(
         3.4,
         ge=0,
-        description="µs per ring step over NVLink, Simple protocol (NCCL hwLat NVLink ring = 3.4 µs). Fitted to one-node nccl-tests.",
+        description="µs per ring step over NVLink, Simple protocol (NCCL hwLat[NVLINK][RING][SIMPLE] = 3.4 µs, src/graph/tuning.cc 2.20; LL and LL128 scale by NCCL's 0.6/3.4 and 1.9/3.4). Fitted per cluster to one-node nccl-tests where a sweep exists, else NCCL's value.",
     )
     net_step_latency_us: float = Field(
-        9.6,
+        14.0,
         ge=0,
-        description="µs per ring step over the network, Simple protocol (NCCL hwLat network ring = 9.6 µs). Fitted to the study's F1 on h100-ib (docs/calibration.md).",
+        description="µs per ring step that crosses the network, Simple protocol: NCCL's own hwLat[NET][RING][SIMPLE] = 14.0 µs (src/graph/tuning.cc, v2.18.1 and later, so 2.20.5; 9.6 before). LL and LL128 scale by NCCL's 2.7/14 and 4.0/14. Not fitted.",
     )
     tree_level_latency_us: float = Field(
         20.0,
@@ -212,6 +212,17 @@ class ClusterSpec(BaseModel):
     nic_gbps: float = Field(
         gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
     )
+    nccl_version: str = Field(
+        "2.20.5",
+        description="the NCCL release the stack ships (PyTorch 2.3.1 wheels bundle 2.20.5); its "
+        "src/graph/tuning.cc latency model is the one the predictor uses (`perf.comm`)",
+    )
+    host_cpu: Literal["intel", "amd", "arm", "other"] = Field(
+        "intel",
+        description="the host CPU vendor: NCCL's per-step network overhead (getNetOverhead in "
+        "tuning.cc) is 1 µs on Intel x86, 2 µs on AMD x86, 1 µs otherwise (system datasheet)",
+    )
+    host_source: str = Field("", description="where `host_cpu` comes from (system datasheet)")
     max_gpus: int = Field(
         default=1_000_000,
         gt=0,
@@ -228,6 +239,18 @@ class ClusterSpec(BaseModel):
         if self.nvlink_domain % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
             raise ValueError("nvlink_domain and gpus_per_node must divide one another")
         return self
+
+    @property
+    def nccl_version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.nccl_version.split(".") if x.isdigit())
+
+    @property
+    def net_overhead_us(self) -> float:
+        """NCCL's network post overhead per ring step (src/graph/tuning.cc getNetOverhead, v2.18.1
+        and later; 0 before, when inter-node rings did not pay it on every step)."""
+        if self.nccl_version_tuple < (2, 18, 1):
+            return 0.0
+        return 2.0 if self.host_cpu == "amd" else 1.0
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:
