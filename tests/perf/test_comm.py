@@ -139,7 +139,7 @@ def test_tp2_shortens_fsdps_all_gather_at_2048_ranks() -> None:
     tiny = np.array([1e3])
     assert (
         comm.collective_time(comm.ALL_GATHER, tiny, tp2, H100)[0]
-        < 0.6 * (comm.collective_time(comm.ALL_GATHER, tiny, fsdp, H100)[0])
+        < 0.65 * (comm.collective_time(comm.ALL_GATHER, tiny, fsdp, H100)[0])
     )
 
 

@@ -46,3 +46,30 @@ def test_a_131072_gpu_layout_is_predicted() -> None:
     r = predict_layout(model, H100, layout)
     assert np.isfinite(r["step_time_s"]) and r["step_time_s"] > 0
     assert 0 < r["mfu"] < 1
+
+
+def _fsdp7b(gpus: int) -> Layout:
+    return Layout(gpus=gpus, global_batch=gpus, seq_len=4096, micro_batch=1)
+
+
+def test_interference_comes_from_the_collectives_sm_and_hbm_shares() -> None:
+    """24 channels of 132 SMs plus 2 x 50 GB/s of 3,350 GB/s HBM on an H100 cluster."""
+    assert H100.overlap_interference == pytest.approx(24 / 132 + 2 * 50 / 3350)
+    a100 = load_cluster("a100-ib")
+    assert a100.overlap_interference == pytest.approx(24 / 108 + 2 * 25 / 2039)
+
+
+def test_power_sits_between_idle_and_tdp_and_f2s_sign_comes_from_the_states() -> None:
+    """Per-GPU power of llama2-7b FSDP on h100-ib falls from 128 to 2048 GPUs (the study's F2
+    sign), from the time-weighted states alone, and every value lies between idle and TDP."""
+    from scalelab.perf.power import state_powers_w
+
+    l7 = load_model("llama2-7b")
+    w = state_powers_w(H100)
+    assert H100.gpu.idle_w == w["idle"] < w["comm_only"] < w["compute"] <= H100.gpu.tdp_w
+    powers = {}
+    for gpus in (8, 128, 512, 2048):
+        r = predict_layout(l7, H100, _fsdp7b(gpus))
+        assert H100.gpu.idle_w <= r["power_w_per_gpu"] <= H100.gpu.tdp_w
+        powers[gpus] = r["power_w_per_gpu"]
+    assert powers[2048] < powers[128]

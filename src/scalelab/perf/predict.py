@@ -319,6 +319,7 @@ class StepCost:
     dp_exposed_s: np.ndarray
     bubble_s: np.ndarray
     p2p_s: np.ndarray
+    interfered_s: np.ndarray  # compute with a data-parallel collective resident beside it
 
 
 def flat_step(
@@ -331,7 +332,7 @@ def flat_step(
     zeros = np.zeros(ctx.n)
     rows = np.flatnonzero(ctx.pp <= 1)
     if not len(rows):
-        return StepCost(zeros, zeros, zeros, zeros, zeros)
+        return StepCost(zeros, zeros, zeros, zeros, zeros, zeros)
     every = len(rows) == ctx.n
 
     def take(values: np.ndarray) -> np.ndarray:
@@ -348,7 +349,7 @@ def flat_step(
         root_all_gather_s=take(dpc.root_all_gather_s),
         root_grad_reduce_s=take(dpc.root_grad_reduce_s),
         gather_in_backward=take(ctx.table.reshard_after_forward),
-        overlap_slowdown=ctx.cluster.params.overlap_slowdown,
+        interference=ctx.cluster.overlap_interference,
     )
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
@@ -367,6 +368,7 @@ def flat_step(
         dp_exposed_s=scatter(last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s),
         bubble_s=zeros,
         p2p_s=zeros,
+        interfered_s=scatter(last.interfered_s + (m_f - 1.0) * other.interfered_s),
     )
 
 
@@ -394,25 +396,23 @@ def pipeline_parallel(
     )
     p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
     p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
-    slow = ctx.cluster.params.overlap_slowdown
+    # Compute beside a resident data-parallel collective runs slower (`overlap_interference`);
+    # the part of a collective longer than the compute it hides behind is exposed.
+    slow = ctx.cluster.overlap_interference
+    interfered = layers_per_stage * (np.minimum(ag, fwd) + np.minimum(grad_reduce, bwd))
     dp_exposed = (
-        layers_per_stage
-        * (
-            np.maximum(0.0, ag - fwd)
-            + slow * np.minimum(ag, fwd)
-            + np.maximum(0.0, grad_reduce - bwd)
-            + slow * np.minimum(grad_reduce, bwd)
-        )
+        layers_per_stage * (np.maximum(0.0, ag - fwd) + np.maximum(0.0, grad_reduce - bwd))
         + dpc.root_all_gather_s
         + dpc.root_grad_reduce_s
     )
-    compute = m_f * (stage_fwd + stage_bwd)
+    compute = m_f * (stage_fwd + stage_bwd) + slow * interfered
     return StepCost(
         time_s=compute + bubble + p2p_total + dp_exposed,
         compute_busy_s=compute,
         dp_exposed_s=dp_exposed,
         bubble_s=bubble,
         p2p_s=p2p_total,
+        interfered_s=interfered,
     )
 
 
@@ -505,7 +505,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
     )
-    power = average_power_w(cluster, step, main.compute_busy_s + optimizer_s, exposed_comm)
+    power = average_power_w(
+        cluster,
+        step_time_s=step,
+        compute_s=compute_s + optimizer_s,
+        interfered_s=main.interfered_s,
+        comm_only_s=exposed_comm,
+    )
     energy_per_token = power * gpus / tokens_per_s
 
     return Prediction(
