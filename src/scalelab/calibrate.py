@@ -52,7 +52,7 @@ COMPUTE = (
     "step_overhead_ms",
     "overlap_slowdown",
 )
-POWER = ("compute_power_fraction", "comm_power_fraction")
+POWER = ("compute_power_fraction",)
 BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_bus_efficiency": (0.01, 1.2),
     "nvlink_step_latency_us": (0.0, 20_000.0),
@@ -73,7 +73,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "step_overhead_ms": (0.0, 100_000.0),
     "overlap_slowdown": (0.0, 1.0),
     "compute_power_fraction": (0.0, 1.0),
-    "comm_power_fraction": (0.0, 1.0),
 }
 
 

@@ -22,7 +22,7 @@ def test_a_sound_layout_has_no_violation() -> None:
     ("kwargs", "field", "needle"),
     [
         ({"tp": 3}, "tp", "n_heads"),
-        ({"tp": 16, "gpus": 64}, "tp", "n_kv_heads"),
+        ({"tp": 128, "gpus": 128}, "tp", "n_kv_heads"),
         ({"gpus": 100, "tp": 8}, "gpus", "divide the GPU count"),
         ({"global_batch": 30}, "global_batch", "multiple of data-parallel ranks"),
         ({"pp": 4, "global_batch": 16, "gpus": 64}, "micro_batch", "micro-batches"),

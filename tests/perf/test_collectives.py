@@ -43,17 +43,18 @@ def test_collective_time_is_the_fastest_algorithm_and_protocol() -> None:
         t = comm.collective_time(comm.ALL_REDUCE, nbytes, group, cluster)
         n = group.ranks.astype(float)
         case = comm.CollectiveCase(
-            nbytes=nbytes, ranks=n, domains=group.domains.astype(float),
+            collective=comm.ALL_REDUCE, nbytes=nbytes, ranks=n, domains=group.domains.astype(float),
             ranks_per_domain=group.ranks_per_domain.astype(float), multi=group.domains > 1,
             busbw=comm.bus_bandwidth(comm.ALL_REDUCE, group, cluster)
             * (nbytes / (nbytes + cluster.params.bandwidth_ramp_mib * 2**20)),
-            factor=comm.bus_factor(comm.ALL_REDUCE, n), steps=2.0 * (n - 1.0), cluster=cluster,
+            factor=comm.bus_factor(comm.ALL_REDUCE, n), steps=2.0 * (n - 1.0),
+            inter_steps=np.minimum(2.0 * group.domains, 2.0 * (n - 1.0)), cluster=cluster,
         )  # fmt: skip
         candidates = [a.time(case, p)[0] for a in comm.ALGORITHMS for p in comm.PROTOCOLS]
         assert t[0] == min(candidates)
-    # Only the ring implements all_gather.
+    # All-gather has no tree (NCCL 2.20): a ring, or NVLS inside one NVSwitch domain.
     ag = [a.name for a in comm.ALGORITHMS if comm.ALL_GATHER in a.collectives]
-    assert ag == ["ring"]
+    assert ag == ["ring", "nvls"]
 
 
 def test_collective_time_where_prices_only_the_selected_layouts() -> None:

@@ -24,6 +24,12 @@ class GPUSpec(BaseModel):
         description="dense (no sparsity) tensor-core peak, TFLOP/s, by precision (fp16, bf16, fp8); "
         "vendor datasheet"
     )
+    sm_count: int = Field(
+        132,
+        gt=0,
+        description="streaming multiprocessors (architecture whitepaper): the SMs a collective's "
+        "channels take a share of while it runs",
+    )
     hbm_gib: float = Field(gt=0, description="HBM capacity, GiB (datasheet)")
     hbm_gbs: float = Field(gt=0, description="HBM bandwidth, GB/s (datasheet)")
     nvlink_gbs: float = Field(
@@ -105,12 +111,12 @@ class ClusterParams(BaseModel):
     nvlink_step_latency_us: float = Field(
         3.4,
         ge=0,
-        description="µs per ring step over NVLink, Simple protocol (NCCL hwLat NVLink ring = 3.4 µs). Fitted to one-node nccl-tests.",
+        description="µs per ring step over NVLink, Simple protocol (NCCL hwLat[NVLINK][RING][SIMPLE] = 3.4 µs, src/graph/tuning.cc 2.20; LL and LL128 scale by NCCL's 0.6/3.4 and 1.9/3.4). Fitted per cluster to one-node nccl-tests where a sweep exists, else NCCL's value.",
     )
     net_step_latency_us: float = Field(
-        9.6,
+        14.0,
         ge=0,
-        description="µs per ring step over the network, Simple protocol (NCCL hwLat network ring = 9.6 µs). Fitted to the study's F1 on h100-ib (docs/calibration.md).",
+        description="µs per ring step that crosses the network, Simple protocol: NCCL's own hwLat[NET][RING][SIMPLE] = 14.0 µs (src/graph/tuning.cc, v2.18.1 and later, so 2.20.5; 9.6 before). LL and LL128 scale by NCCL's 2.7/14 and 4.0/14. Not fitted.",
     )
     tree_level_latency_us: float = Field(
         20.0,
@@ -156,11 +162,21 @@ class ClusterParams(BaseModel):
         le=1,
         description="achieved fraction of the datasheet HBM bandwidth for element-wise ops, the optimizer and memory-bound GEMMs. Fitted to published runs.",
     )
+    nccl_channels: int = Field(
+        24,
+        ge=0,
+        description="NCCL channels (one CTA, so one SM, each) a data-parallel collective runs on: "
+        "Kineto traces of A100 jobs show NCCL kernels launched with 16-24 CTAs (HTA's test traces "
+        "a100-rank0-of-16, rank3-of-8); 16-32 on DGX H100 (NCCL picks 2-4 per NIC). While a "
+        "collective is resident, compute has the other SMs only (`ClusterSpec.overlap_interference`).",
+    )
     overlap_slowdown: float = Field(
-        0.10,
+        0.0,
         ge=0,
         le=1,
-        description="fractional slowdown of compute while communication overlaps it (shared SMs and HBM). Assumed; fitted by `calibrate` when traces are given.",
+        description="residual slowdown of overlapped compute beyond the SM and HBM shares the "
+        "communication kernels take (`ClusterSpec.overlap_interference`): 0 unless measured "
+        "(`calibrate` fits it from traces); 1.0 on CPU, where FSDP2 unshards synchronously.",
     )
     layer_overhead_us: float = Field(
         150.0,
@@ -181,13 +197,11 @@ class ClusterParams(BaseModel):
         0.85,
         ge=0,
         le=1,
-        description="fraction of (TDP − idle) a GPU draws while computing. Fitted to the study's power (F2) or to NVML measurements by `calibrate`.",
-    )
-    comm_power_fraction: float = Field(
-        0.72,
-        ge=0,
-        le=1,
-        description="fraction of (TDP − idle) a GPU draws while only communicating (NCCL kernels keep SMs and HBM busy). Fitted to the study's F2.",
+        description="fraction of (TDP − idle) a GPU draws while computing (and while computing "
+        "beside resident NCCL kernels: every SM stays busy). 0.85 of (700 − 75) W + 75 W = 606 W on "
+        "an H100: LLM training on an 8x H100 HGX node peaks at 82 % of the node's rating with the GPUs "
+        "near full utilisation (Latif et al. 2024, arXiv 2412.08602). `calibrate` fits it to NVML "
+        "energy when records carry it.",
     )
     memory_reserve_gib: float = Field(
         4.0,
@@ -212,7 +226,23 @@ class ClusterSpec(BaseModel):
     nic_gbps: float = Field(
         gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
     )
-    max_gpus: int = Field(default=65536, gt=0, description="the largest job the cluster can run")
+    nccl_version: str = Field(
+        "2.20.5",
+        description="the NCCL release the stack ships (PyTorch 2.3.1 wheels bundle 2.20.5); its "
+        "src/graph/tuning.cc latency model is the one the predictor uses (`perf.comm`)",
+    )
+    host_cpu: Literal["intel", "amd", "arm", "other"] = Field(
+        "intel",
+        description="the host CPU vendor: NCCL's per-step network overhead (getNetOverhead in "
+        "tuning.cc) is 1 µs on Intel x86, 2 µs on AMD x86, 1 µs otherwise (system datasheet)",
+    )
+    host_source: str = Field("", description="where `host_cpu` comes from (system datasheet)")
+    max_gpus: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="the largest job the predictor accepts on this cluster (1,000,000 by default: "
+        "a modelling scope, not a site's size)",
+    )
     params: ClusterParams = Field(
         default=ClusterParams(), description="the predictor's fitted parameters (`calibrate`)"
     )
@@ -223,6 +253,39 @@ class ClusterSpec(BaseModel):
         if self.nvlink_domain % self.gpus_per_node and self.gpus_per_node % self.nvlink_domain:
             raise ValueError("nvlink_domain and gpus_per_node must divide one another")
         return self
+
+    @property
+    def nccl_version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.nccl_version.split(".") if x.isdigit())
+
+    @property
+    def net_overhead_us(self) -> float:
+        """NCCL's network post overhead per ring step (src/graph/tuning.cc getNetOverhead, v2.18.1
+        and later; 0 before, when inter-node rings did not pay it on every step)."""
+        if self.nccl_version_tuple < (2, 18, 1):
+            return 0.0
+        return 2.0 if self.host_cpu == "amd" else 1.0
+
+    @property
+    def comm_sm_share(self) -> float:
+        """Share of the GPU's SMs that a resident collective's channels occupy (one CTA each)."""
+        return min(1.0, self.params.nccl_channels / self.gpu.sm_count)
+
+    @property
+    def comm_hbm_share(self) -> float:
+        """Share of HBM bandwidth a collective's copies take: every byte a rank sends is read from
+        HBM and every byte it receives written, at the per-GPU network rate."""
+        if not self.params.nccl_channels:
+            return 0.0
+        return min(1.0, 2.0 * self.nic_bytes_per_s_per_gpu / self.gpu.hbm_bytes_per_s)
+
+    @property
+    def overlap_interference(self) -> float:
+        """Fractional slowdown of compute while a collective is resident beside it: the SMs its
+        channels hold plus the HBM bandwidth its copies take (plus any measured residual). On an
+        H100 cluster 24/132 + 2 x 50/3350 = 0.21; measured: 18.9 % on average, up to 40 %, for
+        compute overlapped with NCCL on H100/A100 (arXiv 2507.03114)."""
+        return min(1.0, self.comm_sm_share + self.comm_hbm_share + self.params.overlap_slowdown)
 
     @property
     def nic_bytes_per_s_per_gpu(self) -> float:

@@ -466,9 +466,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "tp does not divide attention heads",
         "tp",
-        lambda t, m, c: (m.n_heads % t.tp != 0) | (m.n_kv_heads % t.tp != 0),
+        # Past the K/V heads, TP replicates them (Megatron-Core): tp must then be a multiple.
+        lambda t, m, c: (
+            (m.n_heads % t.tp != 0) | ((m.n_kv_heads % t.tp != 0) & (t.tp % m.n_kv_heads != 0))
+        ),
         lambda L, m, c: (
-            f"tp ({L.tp}) must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads})"
+            f"tp ({L.tp}) must divide n_heads ({m.n_heads}) and divide, or be a multiple of, "
+            f"n_kv_heads ({m.n_kv_heads})"
         ),
     ),
     Rule(

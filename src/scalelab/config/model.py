@@ -52,6 +52,18 @@ class ModelSpec(BaseModel):
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
 
+    def kv_replication(self, tp: Any) -> Any:
+        """How many TP ranks hold each K/V head: 1 while tp divides n_kv_heads; tp / n_kv_heads
+        when tp exceeds the K/V heads (Megatron-Core replicates K/V heads across the TP ranks that
+        share them, so TP16 on a GQA model with 8 K/V heads is valid). `tp` may be an array."""
+        return np.maximum(1.0, np.asarray(tp, dtype=float) / self.n_kv_heads)
+
+    def layer_params_per_tp_rank(self, tp: Any) -> Any:
+        """One layer's parameters held by one TP rank (K/V projections replicated past n_kv_heads)."""
+        tp_f = np.asarray(tp, dtype=float)
+        kv_extra = 2 * self.d_model * self.kv_dim * (self.kv_replication(tp_f) - 1.0)
+        return (self.layer_params + kv_extra) / tp_f
+
     @property
     def attention_params(self) -> int:
         d = self.d_model

@@ -1,16 +1,19 @@
 """Collective cost models, vectorised over layouts.
 
-Follows the structure of NCCL's tuning model (src/graph/tuning.cc): for every algorithm (ring,
+Follows NCCL's own tuning model (src/graph/tuning.cc of the NCCL release the stack ships: 2.20.5
+with PyTorch 2.3.1; the cluster's `nccl_version` and `host_cpu`): for every algorithm (ring,
 tree, NVLS) and protocol (LL, LL128, Simple) a collective costs
 
     time = latency(algorithm, protocol, ranks, nodes) + bytes / algorithm_bandwidth
 
-and NCCL runs the fastest candidate. Latencies are a base plus one hardware latency per ring step
-(NVLink steps inside a node, network steps between nodes) or per tree level. Bus bandwidth is the
-slowest tier a ring crosses: NVLink inside an NVLink domain; between domains, the NICs that the
-communicator's ranks in one node drive together (one NIC per GPU on DGX-like nodes), degraded
-slowly with the number of nodes as the study's Figure 2 shows. Bus bandwidth follows the
-nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are tables
+and NCCL runs the fastest candidate. A ring's latency is NCCL's: a base, plus one hardware latency
+per step inside a node (at least the network post overhead once the ring spans nodes, since
+v2.18.1) and one per step across nodes (`ring_latency_us`). Trees serve AllReduce across nodes;
+NVLS serves AllReduce, AllGather and ReduceScatter inside one NVSwitch domain; AllToAll is n-1
+point-to-point transfers. Bus bandwidth is the slowest tier a ring crosses: NVLink inside an
+NVLink domain; between domains, the NICs that the communicator's ranks in one domain drive
+together, degraded slowly with the number of nodes as the study's Figure 2 shows. Bus bandwidth
+follows the nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are tables
 (`ALGORITHMS`, `PROTOCOLS`); `collective_time` takes the fastest pair.
 """
 
@@ -35,30 +38,39 @@ COLLECTIVES = collectives.BENCHMARKED
 
 @dataclass(frozen=True)
 class Protocol:
-    """One NCCL protocol's constants (src/graph/tuning.cc).
+    """One NCCL protocol's constants, as NCCL 2.20.5 (bundled with PyTorch 2.3.1) has them in
+    src/graph/tuning.cc.
 
-    Per-step latencies are relative to the Simple protocol's (NCCL's hwLat: ring NVLink
-    LL/LL128/Simple = 0.47/1.9/3.4 µs, ring network 2.7/4.0/9.6 µs; the cluster's parameters give
-    the Simple values and tree levels use the network ratios); `base_latency_us` is NCCL's
-    baseLat (scaled by the cluster's `base_latency_us` / 8.4); bandwidth factors are the fraction
-    of the bus bandwidth a ring (inside one node or across nodes) or a tree achieves.
+    Ring latencies: `baseLat[RING]` = 6.6 / 14.0 / 8.4 µs (LL / LL128 / Simple); per ring step
+    `hwLat[NVLINK][RING]` = 0.6 / 1.9 / 3.4 µs and `hwLat[NET][RING]` = 2.7 / 4.0 / 14.0 µs. The
+    cluster's parameters give the Simple values (`nvlink_step_latency_us`,
+    `net_step_latency_us`, `base_latency_us`); the factors here are NCCL's ratios to Simple.
+    `net_overhead_factor`: NCCL multiplies the network post overhead by 3 for Simple (v2.18.1+).
+    Bandwidth factors are the fraction of the bus bandwidth a ring (inside one node or across
+    nodes) or a tree achieves (the same file's "model refinements").
     """
 
     name: str
     nvlink_latency_factor: float
     net_latency_factor: float
     base_latency_us: float
+    net_overhead_factor: float
     ring_bw_factor_multi_node: float
     ring_bw_factor_single_node: float
     tree_bw_factor: float
 
 
 PROTOCOLS: tuple[Protocol, ...] = (
-    Protocol("LL", 0.47 / 3.4, 2.7 / 9.6, 3.6, 1 / 4, 1 / 3, 0.9 / 3.8),
-    Protocol("LL128", 1.9 / 3.4, 4.0 / 9.6, 10.0, 0.92, 0.92, 0.9 * 0.915),
-    Protocol("Simple", 1.0, 1.0, 8.4, 1.0, 1.0, 0.9),
+    Protocol("LL", 0.6 / 3.4, 2.7 / 14.0, 6.6, 1.0, 1 / 4, 1 / 3, 0.9 / 3.8),
+    Protocol("LL128", 1.9 / 3.4, 4.0 / 14.0, 14.0, 1.0, 0.92, 0.92, 0.9 * 0.915),
+    Protocol("Simple", 1.0, 1.0, 8.4, 3.0, 1.0, 1.0, 0.9),
 )
+SIMPLE = PROTOCOLS[2]
 _SIMPLE_BASE_LATENCY_US = 8.4
+# NVLS (NVLink SHARP): hwLat[NVLINK][NVLS][SIMPLE] = 23 µs and no base latency (tuning.cc 2.20);
+# the all-reduce gain is the H200 nccl-tests ratio NVLS 482 / ring 367 GB/s (stas00/ml-engineering
+# collectives_busbw.csv). Without CollNet, NCCL 2.20 runs NVLS inside one NVLink domain only.
+_NVLS_LATENCY_US = 23.0
 _NVLS_GAIN = 1.30
 
 
@@ -100,14 +112,11 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     """Achievable bus bandwidth (bytes/s) of the slowest tier the collective crosses (Simple ring)."""
     p = cluster.params
     gpu = cluster.gpu
-    nvls = collective == ALL_REDUCE and gpu.nvls
-    key = (id(cluster), nvls)
+    key = (id(cluster), False)
     hit = group._bus_cache.get(key)
     if hit is not None and hit[0] is cluster:
         return hit[1]
     nvlink = gpu.nvlink_bytes_per_s * p.nvlink_bus_efficiency * np.ones(group.ranks.shape)
-    if nvls:
-        nvlink = nvlink * _NVLS_GAIN
     domains = group.domains
     nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * np.minimum(
         group.ranks_per_domain, cluster.gpus_per_node
@@ -126,6 +135,7 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
 class CollectiveCase:
     """What every algorithm needs to cost one collective call, computed once per call."""
 
+    collective: str
     nbytes: np.ndarray
     ranks: np.ndarray
     domains: np.ndarray
@@ -134,6 +144,7 @@ class CollectiveCase:
     busbw: np.ndarray
     factor: np.ndarray
     steps: np.ndarray
+    inter_steps: np.ndarray
     cluster: ClusterSpec
 
     # Terms every protocol shares, computed once (the same arithmetic, so the same bits).
@@ -145,10 +156,6 @@ class CollectiveCase:
     @cached_property
     def net_base_latency_us(self) -> np.ndarray:
         return np.where(self.multi, self.cluster.params.net_base_latency_us, 0.0)
-
-    @cached_property
-    def nvlink_steps_latency_us(self) -> np.ndarray:
-        return self.steps * self.cluster.params.nvlink_step_latency_us
 
     @cached_property
     def tree_chain_latency_us(self) -> np.ndarray:
@@ -166,23 +173,35 @@ class CollectiveCase:
         )
 
 
-def _ring_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
-    """A ring is a pipeline: once it spans nodes, every step waits on the slowest hop."""
+def ring_latency_us(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """NCCL 2.20's ring latency (src/graph/tuning.cc, ncclTopoTuneModel):
+
+        lat = baseLat + (nsteps - nInterSteps) * max(intraLat, netOverhead) + nInterSteps * interLat
+
+    with netOverhead = 1 µs (Intel host) or 2 µs (AMD), x3 for Simple, on multi-node rings only
+    (v2.18.1 and later). nsteps = n-1 for AllGather/ReduceScatter, 2(n-1) for AllReduce;
+    nInterSteps = nodes-1, or 2·nodes for AllReduce (v2.20). NVLink domains count as nodes."""
     p = c.cluster.params
-    nvl_lat, net_lat = p.nvlink_step_latency_us, p.net_step_latency_us
+    intra = p.nvlink_step_latency_us * proto.nvlink_latency_factor
+    net_overhead = c.cluster.net_overhead_us * proto.net_overhead_factor
+    intra_multi = max(intra, net_overhead)
+    inter = p.net_step_latency_us * proto.net_latency_factor
+    return c.base_latency_us(proto) + np.where(
+        c.multi,
+        (c.steps - c.inter_steps) * intra_multi + c.inter_steps * inter,
+        c.steps * intra,
+    )
+
+
+def _ring_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """A ring: NCCL's latency, then the traffic over the slowest tier's bus bandwidth."""
     if proto.ring_bw_factor_multi_node == proto.ring_bw_factor_single_node:
         ring_bw = c.busbw * proto.ring_bw_factor_multi_node
     else:
         ring_bw = c.busbw * np.where(
             c.multi, proto.ring_bw_factor_multi_node, proto.ring_bw_factor_single_node
         )
-    latency_us = c.base_latency_us(proto) + np.where(
-        c.multi,
-        c.steps
-        * np.maximum(nvl_lat * proto.nvlink_latency_factor, net_lat * proto.net_latency_factor),
-        c.nvlink_steps_latency_us * proto.nvlink_latency_factor,
-    )
-    return latency_us * 1e-6 + c.traffic / ring_bw
+    return ring_latency_us(c, proto) * 1e-6 + c.traffic / ring_bw
 
 
 def _tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
@@ -195,6 +214,17 @@ def _tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
     return np.where(c.multi, tree, np.inf)
 
 
+def _nvls_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """NVLS inside one NVSwitch domain (AllReduce, AllGather, ReduceScatter; Simple only): NCCL
+    2.20's latency is hwLat[NVLINK][NVLS] alone; in-switch reduction raises AllReduce's bus
+    bandwidth by `_NVLS_GAIN`."""
+    if proto is not SIMPLE or not c.cluster.gpu.nvls:
+        return np.full(c.nbytes.shape, np.inf)
+    gain = _NVLS_GAIN if c.collective == ALL_REDUCE else 1.0
+    t = _NVLS_LATENCY_US * 1e-6 + c.traffic / (c.busbw * gain)
+    return np.where(c.multi, np.inf, t)
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One NCCL algorithm: the collectives it implements and its cost for a protocol."""
@@ -205,9 +235,29 @@ class Algorithm:
 
 
 ALGORITHMS: tuple[Algorithm, ...] = (
+    # AllToAll is n-1 point-to-point transfers (NCCL's grouped send/recv): priced as a "ring" whose
+    # steps are its peers, the ones outside the NVLink domain paying network latency.
     Algorithm("ring", collectives.NAMES, _ring_time),
     Algorithm("tree", (ALL_REDUCE,), _tree_time),
+    Algorithm("nvls", (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER), _nvls_time),
 )
+
+
+def _inter_steps(
+    collective: str, n: np.ndarray, domains: np.ndarray, per_domain: np.ndarray
+) -> np.ndarray:
+    """NCCL 2.20's nInterSteps: ring steps that cross the network (NVLink domains as nodes)."""
+    if collective == ALL_REDUCE:
+        steps = 2.0 * domains
+        cap = 2.0 * (n - 1.0)
+    elif collective == ALL_TO_ALL:
+        return np.maximum(n - per_domain, 0.0)  # peers outside this rank's domain
+    elif collective == SEND_RECV:
+        return np.ones_like(n)
+    else:
+        steps = domains - 1.0
+        cap = n - 1.0
+    return np.minimum(steps, cap)
 
 
 def collective_time(
@@ -225,15 +275,18 @@ def collective_time(
     busbw = bus_bandwidth(collective, group, cluster) * (
         nbytes / (nbytes + cluster.params.bandwidth_ramp_mib * 2**20)
     )
+    per_domain = np.asarray(group.ranks_per_domain, dtype=float)
     case = CollectiveCase(
+        collective=collective,
         nbytes=nbytes,
         ranks=n,
         domains=domains,
-        ranks_per_domain=np.asarray(group.ranks_per_domain, dtype=float),
+        ranks_per_domain=per_domain,
         multi=domains > 1,
         busbw=busbw,
         factor=bus_factor(collective, n),
         steps=np.asarray(collectives.collective(collective).ring_steps(n)),
+        inter_steps=_inter_steps(collective, n, domains, per_domain),
         cluster=cluster,
     )
     best = np.full(nbytes.shape, np.inf)

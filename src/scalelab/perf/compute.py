@@ -81,14 +81,18 @@ def layer_compute(
     bf16_peak = gpu.peak_flops("bf16")
     linear_peak = np.where(fp8, gpu.peak_flops("fp8") * p.fp8_efficiency_ratio, bf16_peak)
     n_up = 2 if model.ffn == "swiglu" else 1
+    # K/V columns per TP rank: replicated once tp exceeds the K/V heads (Megatron-Core).
+    kv_local = kv * model.kv_replication(tp_f) / tp_f
 
     gemm_fwd = (
-        gemm_time(tokens, d, (d + 2 * kv) / tp_f, linear_peak, cluster)
+        gemm_time(tokens, d, d / tp_f + 2 * kv_local, linear_peak, cluster)
         + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
         + n_up * gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
         + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
     )
-    gemm_flops = 2.0 * tokens * (d * (d + 2 * kv) + d * d + (n_up + 1) * d * ff) / tp_f
+    gemm_flops = (
+        2.0 * tokens * (d * (d / tp_f + 2 * kv_local) + (d * d + (n_up + 1) * d * ff) / tp_f)
+    )
 
     attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
     flash_rate = (
@@ -108,7 +112,9 @@ def layer_compute(
     attn_bwd = np.where(materialised, 2.0 * materialised_fwd, FLASH_BACKWARD_FLOP_RATIO * flash_fwd)
 
     sp_tokens = np.where(sequence_parallel, tokens / tp_f, tokens)
-    elem_bytes = BF16_BYTES * (sp_tokens * 10.0 * d + tokens * (2.0 * (d + kv) + 4.0 * ff) / tp_f)
+    elem_bytes = BF16_BYTES * (
+        sp_tokens * 10.0 * d + tokens * (2.0 * (d / tp_f + kv_local) + 4.0 * ff / tp_f)
+    )
     elem_fwd = elem_bytes / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
     overhead = p.layer_overhead_us * 1e-6
 

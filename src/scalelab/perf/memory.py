@@ -56,7 +56,8 @@ def activation_bytes_per_layer(
     n_up = 2 if model.ffn == "swiglu" else 1
     tp_f = tp.astype(float)
     replicated = 2.0 * tokens * 4.0 * d  # norm inputs and residual-stream tensors
-    sharded = 2.0 * tokens * ((2.0 * d + 2.0 * kv) + (n_up + 1.0) * ff) / tp_f
+    kv_local = kv * model.kv_replication(tp_f) / tp_f  # K/V heads replicated past n_kv_heads
+    sharded = 2.0 * tokens * ((2.0 * d + (n_up + 1.0) * ff) / tp_f + 2.0 * kv_local)
     replicated = np.where(sequence_parallel, replicated / tp_f, replicated)
     scores = np.where(math_attention, 2.0 * 2.5 * heads_seq_elems, 0.0)
     return replicated + sharded + scores
@@ -85,7 +86,7 @@ def memory_per_gpu(
     tp_f = tp.astype(float)
     layers_per_stage = np.ceil(model.n_layers / (pp * virtual_stages)) * virtual_stages
     stage_params = (
-        layers_per_stage * model.layer_params / tp_f
+        layers_per_stage * model.layer_params_per_tp_rank(tp_f)
         + np.where(
             pp > 1, model.input_embedding_params, model.input_embedding_params + model.output_params
         )
@@ -101,7 +102,7 @@ def memory_per_gpu(
         * stage_params
     )
     optimizer = np.where(full_shard, 8.0 / dp_shard, np.where(zero, 12.0 / dp, 8.0)) * stage_params
-    fsdp_buffers = np.where(full_shard, 2.0 * 2.0 * model.layer_params / tp_f, 0.0)
+    fsdp_buffers = np.where(full_shard, 2.0 * 2.0 * model.layer_params_per_tp_rank(tp_f), 0.0)
 
     tokens = micro_batch * seq_len / cp
     score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len

@@ -1,9 +1,20 @@
-"""GPU power from how a step's time splits between compute, exposed communication and idle.
+"""GPU power from the time a step spends in each power state (GPU board power, as NVML reports).
 
-Average board power = idle + (TDP - idle) x (compute_power_fraction x compute share +
-comm_power_fraction x exposed-communication share). NCCL kernels keep SMs and HBM busy, so a GPU
-waiting on communication still draws much of its compute power; the study saw per-GPU power fall
-only ~6 % while per-GPU throughput fell 37 %. GPU power only, like NVML: not the node.
+A step's time splits into four states, each drawing its own power:
+
+- **compute** (kernels on every SM): idle + (TDP − idle) x `compute_power_fraction`;
+- **compute under interference** (compute beside a resident NCCL kernel): the same draw — every SM
+  is still busy, some of them with the collective's channels — for longer, since the compute runs
+  `overlap_interference` slower;
+- **communication only** (exposed communication: only NCCL kernels run): idle + (TDP − idle) x
+  `compute_power_fraction` x the share of the GPU the collective keeps busy (its channels' SMs and
+  its HBM copies: `ClusterSpec.comm_sm_share + comm_hbm_share`, 0.21 on an H100 cluster). Derived,
+  not measured: a power reading during nccl-tests all_gather_perf would settle it;
+- **idle** (pipeline bubble, host overhead): the board's idle power (`GPUSpec.idle_w`).
+
+The step's power is their time-weighted mean. A GPU slowed by interference keeps drawing compute
+power, a GPU waiting on the network draws little: the split between the two, as the job grows,
+is what the study's per-GPU power (F2) measures. GPU power only, like NVML: not the node.
 """
 
 from __future__ import annotations
@@ -13,14 +24,40 @@ import numpy as np
 from scalelab.config.hardware import ClusterSpec
 
 
+def state_powers_w(cluster: ClusterSpec) -> dict[str, float]:
+    """Board power (W) of each state on this cluster's GPU."""
+    gpu, p = cluster.gpu, cluster.params
+    dynamic = gpu.tdp_w - gpu.idle_w
+    compute = gpu.idle_w + dynamic * p.compute_power_fraction
+    comm_share = min(1.0, cluster.comm_sm_share + cluster.comm_hbm_share)
+    return {
+        "compute": compute,
+        "interfered": compute,
+        "comm_only": gpu.idle_w + dynamic * p.compute_power_fraction * comm_share,
+        "idle": gpu.idle_w,
+    }
+
+
 def average_power_w(
     cluster: ClusterSpec,
+    *,
     step_time_s: np.ndarray,
-    compute_busy_s: np.ndarray,
-    exposed_comm_s: np.ndarray,
+    compute_s: np.ndarray,
+    interfered_s: np.ndarray,
+    comm_only_s: np.ndarray,
 ) -> np.ndarray:
-    gpu, p = cluster.gpu, cluster.params
-    compute_share = np.clip(compute_busy_s / step_time_s, 0.0, 1.0)
-    comm_share = np.clip(exposed_comm_s / step_time_s, 0.0, 1.0 - compute_share)
-    dynamic = p.compute_power_fraction * compute_share + p.comm_power_fraction * comm_share
-    return gpu.idle_w + (gpu.tdp_w - gpu.idle_w) * dynamic
+    """Time-weighted mean power of a step: compute (including the interfered part, which
+    `compute_s` contains), communication only, and idle for the rest."""
+    w = state_powers_w(cluster)
+    step = np.maximum(step_time_s, 1e-30)
+    busy = np.clip(compute_s / step, 0.0, 1.0)
+    interfered = np.clip(interfered_s / step, 0.0, busy)
+    comm = np.clip(comm_only_s / step, 0.0, 1.0 - busy)
+    idle = 1.0 - busy - comm
+    clean = busy - interfered
+    return (
+        clean * w["compute"]
+        + interfered * w["interfered"]
+        + comm * w["comm_only"]
+        + idle * w["idle"]
+    )

@@ -134,6 +134,11 @@ class StepContext:
     dp: np.ndarray
     dp_shard: np.ndarray  # ranks parameters are sharded over (`LayoutTable.dp_shard_for`)
     dp_replicate: np.ndarray
+    # Context-parallel ranks hold the same weights, so FSDP shards and gradients reduce over
+    # dp_shard x cp (torchtitan's `dp_shard_cp` mesh; Megatron-Core's data-parallel group with
+    # context parallelism): the ranks one parameter's shards and gradient reduction span.
+    shard_ranks: np.ndarray  # FSDP/HSDP: dp_shard x cp; ZeRO/DDP: dp x cp
+    dp_cp: np.ndarray  # every data- and context-parallel rank: dp x cp
     micro_batch: np.ndarray
     seq_len: np.ndarray
     n_microbatches: np.ndarray
@@ -179,6 +184,8 @@ def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) ->
         dp=dp,
         dp_shard=ds,
         dp_replicate=np.maximum(1, dp // np.maximum(ds, 1)),
+        shard_ranks=np.where(table.shards_params, ds, dp) * cp,
+        dp_cp=dp * cp,
         micro_batch=table.micro_batch,
         seq_len=table.seq_len,
         n_microbatches=m,
@@ -221,7 +228,8 @@ def context_parallel(ctx: StepContext) -> ContextParallelCost:
     """CP: the K/V ring (an AllGather of K and V) overlapped with the attention it feeds."""
     cp, lc = ctx.cp, ctx.compute
     cp_group = comm.group_shape(cp, ctx.tp, ctx.cluster)
-    kv_bytes = 2.0 * BF16_BYTES * ctx.micro_batch * ctx.seq_len * ctx.model.kv_dim / ctx.tp_f
+    kv_local = ctx.model.kv_dim * ctx.model.kv_replication(ctx.tp_f) / ctx.tp_f
+    kv_bytes = 2.0 * BF16_BYTES * ctx.micro_batch * ctx.seq_len * kv_local
     cp_ring = comm.collective_time_where(cp > 1, comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
     return ContextParallelCost(
         forward_s=np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0),
@@ -258,12 +266,14 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     """FSDP/HSDP: AllGather each layer's parameters, ReduceScatter its gradients (then HSDP's
     AllReduce across replicas); ZeRO-1/2: ReduceScatter; DDP: AllReduce."""
     model, cluster, table = ctx.model, ctx.cluster, ctx.table
-    dp, ds, tp_f = ctx.dp, ctx.dp_shard, ctx.tp_f
+    dp_cp, tp_f = ctx.dp_cp, ctx.tp_f
     full_shard = table.shards_params
-    shard_group = comm.group_shape(np.where(full_shard, ds, dp), ctx.tp * ctx.cp, cluster)
-    replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.cp * ds, cluster)
-    layer_param_bytes = PARAM_GATHER_BYTES * model.layer_params / tp_f
-    layer_grad_bytes = GRAD_REDUCE_BYTES * model.layer_params / tp_f
+    # The shard group spans dp_shard x cp (cp inside dp_shard in the mesh: stride tp).
+    shard_group = comm.group_shape(ctx.shard_ranks, ctx.tp, cluster)
+    replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
+    layer_params = model.layer_params_per_tp_rank(tp_f)
+    layer_param_bytes = PARAM_GATHER_BYTES * layer_params
+    layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
     ag = comm.collective_time_where(
         full_shard, comm.ALL_GATHER, layer_param_bytes, shard_group, cluster
@@ -274,7 +284,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     ar_replica = comm.collective_time_where(
         table.is_hsdp,
         comm.ALL_REDUCE,
-        layer_grad_bytes / np.maximum(ds, 1),
+        layer_grad_bytes / np.maximum(ctx.shard_ranks, 1),
         replica_group,
         cluster,
     )
@@ -286,10 +296,10 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
         rs_shard + np.where(table.is_hsdp, ar_replica, 0.0),
         np.where(table.is_zero, rs_shard, ar_full),
     )
-    grad_reduce = np.where(dp > 1, grad_reduce + ctx.call_s, 0.0)
-    ag = np.where((dp > 1) & full_shard, ag + ctx.call_s, 0.0)
+    grad_reduce = np.where(dp_cp > 1, grad_reduce + ctx.call_s, 0.0)
+    ag = np.where((ctx.shard_ranks > 1) & full_shard, ag + ctx.call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
-    root_scale = root_params / model.layer_params * tp_f
+    root_scale = root_params / layer_params
     return DataParallelCost(
         all_gather_s=ag,
         grad_reduce_s=grad_reduce,
@@ -309,6 +319,7 @@ class StepCost:
     dp_exposed_s: np.ndarray
     bubble_s: np.ndarray
     p2p_s: np.ndarray
+    interfered_s: np.ndarray  # compute with a data-parallel collective resident beside it
 
 
 def flat_step(
@@ -321,7 +332,7 @@ def flat_step(
     zeros = np.zeros(ctx.n)
     rows = np.flatnonzero(ctx.pp <= 1)
     if not len(rows):
-        return StepCost(zeros, zeros, zeros, zeros, zeros)
+        return StepCost(zeros, zeros, zeros, zeros, zeros, zeros)
     every = len(rows) == ctx.n
 
     def take(values: np.ndarray) -> np.ndarray:
@@ -338,7 +349,7 @@ def flat_step(
         root_all_gather_s=take(dpc.root_all_gather_s),
         root_grad_reduce_s=take(dpc.root_grad_reduce_s),
         gather_in_backward=take(ctx.table.reshard_after_forward),
-        overlap_slowdown=ctx.cluster.params.overlap_slowdown,
+        interference=ctx.cluster.overlap_interference,
     )
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
@@ -357,6 +368,7 @@ def flat_step(
         dp_exposed_s=scatter(last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s),
         bubble_s=zeros,
         p2p_s=zeros,
+        interfered_s=scatter(last.interfered_s + (m_f - 1.0) * other.interfered_s),
     )
 
 
@@ -384,39 +396,37 @@ def pipeline_parallel(
     )
     p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
     p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
-    slow = ctx.cluster.params.overlap_slowdown
+    # Compute beside a resident data-parallel collective runs slower (`overlap_interference`);
+    # the part of a collective longer than the compute it hides behind is exposed.
+    slow = ctx.cluster.overlap_interference
+    interfered = layers_per_stage * (np.minimum(ag, fwd) + np.minimum(grad_reduce, bwd))
     dp_exposed = (
-        layers_per_stage
-        * (
-            np.maximum(0.0, ag - fwd)
-            + slow * np.minimum(ag, fwd)
-            + np.maximum(0.0, grad_reduce - bwd)
-            + slow * np.minimum(grad_reduce, bwd)
-        )
+        layers_per_stage * (np.maximum(0.0, ag - fwd) + np.maximum(0.0, grad_reduce - bwd))
         + dpc.root_all_gather_s
         + dpc.root_grad_reduce_s
     )
-    compute = m_f * (stage_fwd + stage_bwd)
+    compute = m_f * (stage_fwd + stage_bwd) + slow * interfered
     return StepCost(
         time_s=compute + bubble + p2p_total + dp_exposed,
         compute_busy_s=compute,
         dp_exposed_s=dp_exposed,
         bubble_s=bubble,
         p2p_s=p2p_total,
+        interfered_s=interfered,
     )
 
 
 def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray, np.ndarray]:
     """AdamW over the parameters this GPU owns, and ZeRO-1/2's parameter AllGather after it."""
-    model, table, dp = ctx.model, ctx.table, ctx.dp
+    model, table = ctx.model, ctx.table
     is_pp = ctx.pp > 1
-    stage_params = ctx.layers_per_stage * model.layer_params / ctx.tp_f + np.where(
+    stage_params = ctx.layers_per_stage * model.layer_params_per_tp_rank(ctx.tp_f) + np.where(
         is_pp, dpc.root_params / 2, dpc.root_params
     )
-    opt_div = np.where(table.is_ddp, 1, np.where(table.is_zero, dp, ctx.dp_shard))
+    opt_div = np.where(table.is_ddp, 1, ctx.shard_ranks)
     optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
     zero_ag = comm.collective_time_where(
-        table.is_zero & (dp > 1),
+        table.is_zero & (ctx.dp_cp > 1),
         comm.ALL_GATHER,
         PARAM_GATHER_BYTES * stage_params,
         dpc.shard_group,
@@ -483,8 +493,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         tp=ctx.tp,
         pp=ctx.pp,
         cp=ctx.cp,
-        dp=ctx.dp,
-        dp_shard=np.where(full_shard, ctx.dp_shard, ctx.dp),
+        dp=ctx.dp_cp,
+        dp_shard=ctx.shard_ranks,
         sharding=table.sharding,
         micro_batch=ctx.micro_batch,
         seq_len=s,
@@ -495,7 +505,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
     )
-    power = average_power_w(cluster, step, main.compute_busy_s + optimizer_s, exposed_comm)
+    power = average_power_w(
+        cluster,
+        step_time_s=step,
+        compute_s=compute_s + optimizer_s,
+        interfered_s=main.interfered_s,
+        comm_only_s=exposed_comm,
+    )
     energy_per_token = power * gpus / tokens_per_s
 
     return Prediction(

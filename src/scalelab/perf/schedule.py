@@ -5,8 +5,10 @@ stream, in the order FSDP2 issues them: the next layer's AllGather is issued (pr
 layer's forward starts; in backward the previous layer's AllGather is issued when a layer's
 backward starts and its gradient ReduceScatter (then HSDP's AllReduce across replicas, or DDP's
 bucketed AllReduce) when it ends. Compute waits for its layer's parameters; the time it waits is
-the exposed communication. Compute that overlaps communication runs `overlap_slowdown` slower
-(the kernels share SMs and HBM). The layers are identical, so the first few are simulated exactly
+the exposed communication. Compute that runs while a collective is resident runs `interference`
+slower (`ClusterSpec.overlap_interference`: the SMs the collective's channels hold and the HBM
+bandwidth its copies take, for as long as the kernel is resident, latency-bound or not); that time
+is also counted, as the "compute under interference" power state. The layers are identical, so the first few are simulated exactly
 and the rest continue the steady state they reach.
 
 With pipelining, each stage runs `n_microbatches` forward and backward passes plus the schedule's
@@ -33,6 +35,7 @@ class PassResult:
     time_s: np.ndarray
     compute_busy_s: np.ndarray
     exposed_comm_s: np.ndarray
+    interfered_s: np.ndarray  # compute time with a collective resident beside it
 
 
 def _extrapolate(values_k: np.ndarray, values_k1: np.ndarray, remaining: int) -> np.ndarray:
@@ -40,20 +43,20 @@ def _extrapolate(values_k: np.ndarray, values_k1: np.ndarray, remaining: int) ->
 
 
 def _layers(
-    state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    state: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     *,
     n_layers: int,
     compute_s: np.ndarray,
     gather_s: np.ndarray,
     gathers: np.ndarray,
     gather_done: np.ndarray,
-    overlap_slowdown: float,
+    interference: float,
     reduce_s: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One pass over the layers: each waits for its parameters, prefetches the next layer's and,
     in backward, issues its gradient reduction. State: compute-stream time, comm-stream free
-    time, exposed wait and compute busy time."""
-    t, comm, wait, busy = state
+    time, exposed wait, compute busy time and compute time under interference."""
+    t, comm, wait, busy, hit = state
     zeros = np.zeros_like(t)
     exact = min(n_layers, _EXACT_LAYERS)
     history = []
@@ -65,12 +68,13 @@ def _layers(
             comm = np.where(gathers, nxt_done, comm)
             gather_done = nxt_done
         overlap = np.clip(comm - start, 0.0, compute_s)
-        duration = compute_s + overlap_slowdown * overlap
+        duration = compute_s + interference * overlap
         busy = busy + duration
+        hit = hit + overlap
         t = start + duration
         if reduce_s is not None:
             comm = np.maximum(comm, t) + reduce_s
-        history.append((t, comm, wait, busy))
+        history.append((t, comm, wait, busy, hit))
     remaining = n_layers - exact
     if remaining > 0:
         return tuple(  # type: ignore[return-value]
@@ -92,7 +96,7 @@ def simulate_microbatch(
     root_grad_reduce_s: np.ndarray,
     gather_in_backward: np.ndarray,
     sync_grads: bool,
-    overlap_slowdown: float,
+    interference: float,
 ) -> PassResult:
     """Forward and backward of one micro-batch with data-parallel comm overlapped by prefetch."""
     has_ag = all_gather_s > 0
@@ -100,10 +104,10 @@ def simulate_microbatch(
 
     # Forward: the root's parameters (embedding, final norm, head) first, then the layers.
     comm = np.where(has_ag, root_all_gather_s + all_gather_s, root_all_gather_s)
-    t, comm, wait, busy = _layers(
-        (root_all_gather_s.copy(), comm, root_all_gather_s.copy(), zeros.copy()),
+    t, comm, wait, busy, hit = _layers(
+        (root_all_gather_s.copy(), comm, root_all_gather_s.copy(), zeros.copy(), zeros.copy()),
         n_layers=n_layers, compute_s=forward_s, gather_s=all_gather_s, gathers=has_ag,
-        gather_done=np.where(has_ag, comm, zeros), overlap_slowdown=overlap_slowdown, reduce_s=None,
+        gather_done=np.where(has_ag, comm, zeros), interference=interference, reduce_s=None,
     )  # fmt: skip
     t = t + head_forward_s + head_backward_s
     busy = busy + head_forward_s + head_backward_s
@@ -111,10 +115,10 @@ def simulate_microbatch(
     # Backward: layers in reverse; gather again if resharded, then reduce the gradients.
     bwd_ag = has_ag & gather_in_backward
     first_done = np.where(bwd_ag, np.maximum(comm, t - head_backward_s) + all_gather_s, zeros)
-    t, comm, wait, busy = _layers(
-        (t, np.where(bwd_ag, first_done, comm), wait, busy),
+    t, comm, wait, busy, hit = _layers(
+        (t, np.where(bwd_ag, first_done, comm), wait, busy, hit),
         n_layers=n_layers, compute_s=backward_s, gather_s=all_gather_s, gathers=bwd_ag,
-        gather_done=first_done, overlap_slowdown=overlap_slowdown,
+        gather_done=first_done, interference=interference,
         reduce_s=grad_reduce_s if sync_grads else None,
     )  # fmt: skip
     if sync_grads:
@@ -122,7 +126,7 @@ def simulate_microbatch(
         end = np.maximum(t, comm)
         wait = wait + (end - t)
         t = end
-    return PassResult(time_s=t, compute_busy_s=busy, exposed_comm_s=wait)
+    return PassResult(time_s=t, compute_busy_s=busy, exposed_comm_s=wait, interfered_s=hit)
 
 
 def pipeline_bubble_units(

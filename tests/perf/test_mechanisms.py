@@ -1,0 +1,75 @@
+"""Mechanisms of predictor v2 (issue 11), each pinned by a value that is false if it is broken."""
+
+import numpy as np
+import pytest
+
+from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.layout import Layout, rule_violations
+from scalelab.perf.predict import predict_layout
+
+H100 = load_cluster("h100-ib")
+L3_8B = load_model("llama3-8b")
+L2_70B = load_model("llama2-70b")
+
+
+def test_context_parallel_ranks_shard_and_reduce_with_the_data_parallel_ranks() -> None:
+    """llama3-8b on 8 GPUs with cp 8: no data parallelism, yet FSDP shards over the 8 CP ranks
+    (they hold the same weights) and their gradients are reduced (torchtitan's dp_shard_cp)."""
+    layout = Layout(gpus=8, global_batch=1, seq_len=8192, cp=8, micro_batch=1)
+    assert layout.dp == 1
+    r = predict_layout(L3_8B, H100, layout)
+    assert r["dp_grad_reduce_s"] > 0
+    assert r["dp_all_gather_s"] > 0
+    assert r["memory_parameters_bytes"] == pytest.approx(4 * L3_8B.n_params / 8)
+    assert r["memory_optimizer_bytes"] == pytest.approx(8 * L3_8B.n_params / 8)
+    assert r["memory_total_bytes"] < 80 * 2**30  # it fits an 80 GB H100, as torchtitan runs it
+
+
+def test_tp_past_the_kv_heads_replicates_them() -> None:
+    """TP16 on llama2-70b (8 K/V heads) is valid: each K/V head lives on two TP ranks."""
+    layout = Layout(gpus=64, global_batch=64, seq_len=4096, tp=16, micro_batch=1)
+    assert rule_violations(layout, L2_70B, H100) == []
+    r = predict_layout(L2_70B, H100, layout)
+    assert np.isfinite(r["tokens_per_s_per_gpu"]) and r["tokens_per_s_per_gpu"] > 0
+    # The per-rank layer holds its share of Q/O/MLP plus a whole K/V head (2 ranks per head).
+    d, kv = L2_70B.d_model, L2_70B.kv_dim
+    per_rank = L2_70B.layer_params_per_tp_rank(16)
+    assert per_rank == pytest.approx((L2_70B.layer_params - 2 * d * kv) / 16 + 2 * d * kv / 8)
+    assert L2_70B.layer_params_per_tp_rank(8) == pytest.approx(L2_70B.layer_params / 8)
+
+
+def test_a_131072_gpu_layout_is_predicted() -> None:
+    """No 65,536-GPU cap: llama3-405b on 131,072 GPUs (tp8 pp16 and 1,024 data-parallel ranks)."""
+    model = load_model("llama3-405b")
+    layout = Layout(gpus=131_072, global_batch=16_384, seq_len=8192, tp=8, pp=16, micro_batch=1)
+    assert rule_violations(layout, model, H100) == []
+    r = predict_layout(model, H100, layout)
+    assert np.isfinite(r["step_time_s"]) and r["step_time_s"] > 0
+    assert 0 < r["mfu"] < 1
+
+
+def _fsdp7b(gpus: int) -> Layout:
+    return Layout(gpus=gpus, global_batch=gpus, seq_len=4096, micro_batch=1)
+
+
+def test_interference_comes_from_the_collectives_sm_and_hbm_shares() -> None:
+    """24 channels of 132 SMs plus 2 x 50 GB/s of 3,350 GB/s HBM on an H100 cluster."""
+    assert H100.overlap_interference == pytest.approx(24 / 132 + 2 * 50 / 3350)
+    a100 = load_cluster("a100-ib")
+    assert a100.overlap_interference == pytest.approx(24 / 108 + 2 * 25 / 2039)
+
+
+def test_power_sits_between_idle_and_tdp_and_f2s_sign_comes_from_the_states() -> None:
+    """Per-GPU power of llama2-7b FSDP on h100-ib falls from 128 to 2048 GPUs (the study's F2
+    sign), from the time-weighted states alone, and every value lies between idle and TDP."""
+    from scalelab.perf.power import state_powers_w
+
+    l7 = load_model("llama2-7b")
+    w = state_powers_w(H100)
+    assert H100.gpu.idle_w == w["idle"] < w["comm_only"] < w["compute"] <= H100.gpu.tdp_w
+    powers = {}
+    for gpus in (8, 128, 512, 2048):
+        r = predict_layout(l7, H100, _fsdp7b(gpus))
+        assert H100.gpu.idle_w <= r["power_w_per_gpu"] <= H100.gpu.tdp_w
+        powers[gpus] = r["power_w_per_gpu"]
+    assert powers[2048] < powers[128]
