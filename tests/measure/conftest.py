@@ -65,5 +65,5 @@ def parity() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def reference() -> dict[str, Any]:
-    """The single-process run: the whole global batch of 8 in one micro-batch, fp32."""
-    return parity_results(1, [{"name": "reference", "micro_batch": 8}])["reference"]
+    """The single-process run (5 steps): the whole global batch of 8 in one micro-batch, fp32."""
+    return parity_results(1, [{"name": "reference", "micro_batch": 8}], 5)["reference"]

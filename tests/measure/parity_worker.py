@@ -5,7 +5,9 @@ process (the single-process reference). Each case builds its own meshes, model a
 the harness's `Trainer` and runs its timed loop (`run_repeat`), so the losses compared are exactly
 the ones `scalelab bench` records. Rank 0 prints one line, `PARITY {case: {...}}`, with each case's
 losses, the sequence length a rank saw (to prove CP split it) and rank 0's local parameter count
-(to prove the parameters were sharded or split). A case may set `compute_dtype`.
+(to prove the parameters were sharded or split). A case may set `compute_dtype` and
+`grad_sync`; a case with `count_collectives` also profiles one more step and reports rank 0's
+collectives of that step by kind (`collectives`), without the gradient norm's all-reduce.
 """
 
 from __future__ import annotations
@@ -48,6 +50,38 @@ def _local_numel(param: torch.Tensor) -> int:
     return (param.to_local() if isinstance(param, DTensor) else param).numel()
 
 
+COLLECTIVE_OPS = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::allgather_": "all_gather",
+    "c10d::allgather_into_tensor_coalesced_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "c10d::broadcast_": "broadcast",
+}
+CLIP = "scalelab::clip_grad_norm"
+
+
+def _count_collectives(trainer: Trainer, step: int) -> dict[str, int]:
+    """Rank 0's collectives (c10d ops, as the process group runs them) in one profiled optimizer
+    step, by kind, without the gradient norm's (inside the step's `scalelab::clip_grad_norm`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.step(step)
+    events = list(prof.events())
+    clip = [(e.time_range.start, e.time_range.end) for e in events if e.name == CLIP]
+    counts: dict[str, int] = {}
+    for event in events:
+        kind = COLLECTIVE_OPS.get(event.name)
+        start = event.time_range.start
+        if kind is None or any(a <= start <= b for a, b in clip):
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
 def main() -> None:
     warnings.filterwarnings("ignore")
     cases = json.loads(sys.argv[1])
@@ -58,7 +92,11 @@ def main() -> None:
     for case in cases:
         name = case.pop("name")
         dtype = case.pop("compute_dtype", "fp32")
-        options = BenchOptions(steps=steps, warmup=0, repeats=1, lr=3e-3, compute_dtype=dtype)
+        grad_sync = case.pop("grad_sync", "step")
+        count = case.pop("count_collectives", False)
+        options = BenchOptions(
+            steps=steps, warmup=0, repeats=1, lr=3e-3, compute_dtype=dtype, grad_sync=grad_sync
+        )
         layout = build_layout(gpus=info.world_size, **(DEFAULTS | case))
         trainer = Trainer(spec, layout, options, info)
         losses = run_repeat(trainer, EnergyMeter(None), 0).loss
@@ -67,6 +105,8 @@ def main() -> None:
             "local_seq_len": trainer.local_seq_len,
             "local_numel": sum(_local_numel(p) for p in trainer.params),
         }
+        if count:
+            results[name]["collectives"] = _count_collectives(trainer, steps)
         del trainer
     if info.rank == 0:
         print("PARITY " + json.dumps(results), flush=True)

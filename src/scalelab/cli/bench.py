@@ -44,6 +44,13 @@ CompileOpt = Annotated[
 DtypeOpt = Annotated[
     str, typer.Option("--compute-dtype", help="auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32")
 ]
+GradSyncOpt = Annotated[
+    str,
+    typer.Option(
+        "--grad-sync",
+        help="step: reduce gradients once per step (no_sync on earlier micro-batches) | microbatch",
+    ),
+]
 DataOpt = Annotated[
     str | None, typer.Option("--data", help="token file (.npy, or uint16 .bin); default synthetic")
 ]
@@ -94,6 +101,7 @@ def bench(
     grad_clip: ClipOpt = 1.0,
     compile: CompileOpt = False,
     compute_dtype: DtypeOpt = "auto",
+    grad_sync: GradSyncOpt = "step",
     data: DataOpt = None,
     profile: ProfileOpt = False,
     profile_steps: ProfileStepsOpt = 3,
@@ -115,6 +123,7 @@ def bench(
     from scalelab.config.layout import check
     from scalelab.measure.config import (
         BenchOptions,
+        check_grad_sync,
         check_layout,
         check_model,
         check_options,
@@ -129,10 +138,12 @@ def bench(
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
     choice("compute-dtype", compute_dtype, ("auto", "fp32", "bf16"))
+    choice("grad-sync", grad_sync, ("step", "microbatch"))
     try:
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,
             compile=compile, compute_dtype=compute_dtype, data=data, profile=profile,  # type: ignore[arg-type]
+            grad_sync=grad_sync,  # type: ignore[arg-type]
             profile_steps=profile_steps, timeout_s=timeout_s, predict=predict,
             out_dir=str(out),
         )  # fmt: skip
@@ -167,6 +178,7 @@ def bench(
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
     check(built, spec, local)
     check_layout(built, spec)
+    check_grad_sync(options, built)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None

@@ -16,6 +16,7 @@ from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision
 from scalelab.errors import InputError
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
+GradSync = Literal["step", "microbatch"]
 
 
 class BenchOptions(BaseModel):
@@ -31,6 +32,14 @@ class BenchOptions(BaseModel):
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 disables clipping")
     compile: bool = False
     compute_dtype: ComputeDtype = "auto"
+    grad_sync: GradSync = Field(
+        "step",
+        description=(
+            "when gradients are reduced with gradient accumulation: once per optimizer step "
+            "(DDP no_sync / FSDP2 set_requires_gradient_sync(False) on the earlier micro-batches, "
+            "as the predictor assumes) or on every micro-batch; pipelines always reduce per step"
+        ),
+    )
     data: str | None = Field(
         None, description="token file (.npy or uint16 .bin); synthetic if None"
     )
@@ -93,10 +102,42 @@ def check_layout(layout: Layout, model: ModelSpec) -> None:
         raise InputError(
             "virtual_stages", f"pp_schedule {layout.pp_schedule} runs one stage per rank"
         )
+    if (
+        layout.pp > 1
+        and layout.sharding == Sharding.DDP
+        and layout.dp > 1
+        and layout.pp_schedule in (PipelineSchedule.GPIPE, PipelineSchedule.INTERLEAVED)
+    ):
+        # Measured (torch 2.13): the DDP reducer asserts ("rebuilt parameter indices size is not
+        # same as original model parameters size") when a stage runs several forwards first.
+        raise InputError(
+            "sharding",
+            f"ddp with pp_schedule {layout.pp_schedule} crashes in PyTorch's DDP reducer; "
+            "use pp_schedule 1f1b, or fsdp or hsdp with this schedule",
+        )
+    if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.dp * layout.cp > 1:
+        # Measured (torch 2.13): with pp 2 x fsdp 2 the last stage's parameters get no gradient;
+        # with DDP most gradients are wrong (pytorch/pytorch#144530). Refused until PyTorch fixes it.
+        raise InputError(
+            "pp_schedule",
+            f"zbv with data or context parallelism (dp {layout.dp}, cp {layout.cp}) trains wrongly "
+            "in PyTorch (pytorch/pytorch#144530); use 1f1b, gpipe or interleaved, or dp 1 and cp 1",
+        )
     if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.virtual_stages != 2:
         raise InputError("virtual_stages", "pp_schedule zbv runs 2 stages per rank")
     if layout.tp > 1 and model.vocab_size % layout.tp:
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
+
+
+def check_grad_sync(options: BenchOptions, layout: Layout) -> None:
+    """Per-micro-batch reduction is a choice for flat layouts only: torch.distributed.pipelining
+    reduces a stage's gradients once per step whatever is asked."""
+    if options.grad_sync == "microbatch" and layout.pp > 1:
+        raise InputError(
+            "grad_sync",
+            "pipelines reduce gradients once per step (torch.distributed.pipelining); "
+            "use --grad-sync step with pp > 1",
+        )
 
 
 def check_options(options: BenchOptions) -> None:

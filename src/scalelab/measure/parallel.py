@@ -278,14 +278,18 @@ def apply_fsdp(
     param_dtype: torch.dtype | None,
     reshard_after_forward: bool,
 ) -> None:
-    """FSDP2 per block and on the root; bf16 parameters reduce gradients in fp32."""
+    """FSDP2 per block and on the root; bf16 parameters reduce gradients in fp32.
+
+    The root (embedding, final norm, output) is never resharded after forward: its backward
+    starts right after its forward, so resharding would only gather it again (FSDP2's own
+    default for the root, and what the predictor costs: one root AllGather per micro-batch)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     layers: Any = model.layers
     for block in layers.values():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
 def apply_ddp(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:

@@ -94,6 +94,8 @@ def workload(job: BenchJob) -> dict[str, Any]:
         "grad_clip": options.grad_clip,
         "compile": options.compile,
         "compute_dtype": options.compute_dtype,
+        # When gradients were reduced: once per step, or on every micro-batch (flat layouts only).
+        "grad_sync": "step" if job.layout.pp > 1 else options.grad_sync,
         "data": options.data or "synthetic",
         "profile": options.profile,
     }

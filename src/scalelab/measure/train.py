@@ -107,17 +107,23 @@ class TokenData:
         self.seed = seed
         self.tokens = None if path is None else load_tokens(path)
 
-    def batch(self, step: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, step: int, global_batch: int, rows: slice | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows` (default all) of step `step`'s global batch. Only the per-row seeds (two
+        integers, or one offset, a row) are drawn for the whole batch; the sequences are built
+        for the requested rows only, so a rank never materialises the global batch."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        rows = rows if rows is not None else slice(0, global_batch)
         if self.tokens is None:
-            start = torch.randint(0, self.vocab_size, (global_batch, 1), generator=g)
-            stride = torch.randint(1, self.vocab_size, (global_batch, 1), generator=g)
+            start = torch.randint(0, self.vocab_size, (global_batch, 1), generator=g)[rows]
+            stride = torch.randint(1, self.vocab_size, (global_batch, 1), generator=g)[rows]
             seq = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab_size
         else:
             n = self.tokens.shape[0] - self.seq_len - 1
-            offsets = torch.randint(0, max(1, n), (global_batch,), generator=g).tolist()
-            rows = [self.tokens[o : o + self.seq_len + 1].astype(np.int64) for o in offsets]
-            seq = torch.from_numpy(np.stack(rows))
+            offsets = torch.randint(0, max(1, n), (global_batch,), generator=g)[rows].tolist()
+            windows = [self.tokens[o : o + self.seq_len + 1].astype(np.int64) for o in offsets]
+            seq = torch.from_numpy(np.stack(windows))
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
@@ -186,7 +192,14 @@ class Trainer:
             stage_modules = pipeline_modules(spec, layout, self.pp_rank, build)
         else:
             stage_modules = [(0, build())]
-        reshard = layout.reshard_after_forward and layout.sharding != Sharding.ZERO2
+        # Under a pipeline, parameters stay gathered from forward to backward (torchtitan's
+        # default: resharding would re-gather them on every micro-batch) and the pipeline stage
+        # keeps them gathered until the last micro-batch's backward, so FSDP gathers and reduces
+        # once per step, as the predictor assumes.
+        reshard = (
+            layout.reshard_after_forward and layout.sharding != Sharding.ZERO2 and layout.pp == 1
+        )
+        self.reshard_after_forward = reshard and self.uses_fsdp
         self.stages: list[tuple[int, nn.Module]] = []
         for index, module in stage_modules:
             if layout.tp > 1:
@@ -239,6 +252,8 @@ class Trainer:
                 self.params,
                 optimizer_class=torch.optim.AdamW,
                 process_group=self.meshes.dp_cp.get_group(),
+                # One broadcast per rank's shard (an all-gather), not one per parameter.
+                parameters_as_bucket_view=True,
                 **kwargs,
             )
         if self.info.device.type == "cuda" and one_mesh:
@@ -268,35 +283,58 @@ class Trainer:
         return stack
 
     def local_data(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, labels = self.data.batch(step, self.layout.global_batch)
+        """This data-parallel rank's rows of step `step`'s global batch, on the device (built
+        before the step's timer starts: `_timed_steps`)."""
         rows = slice(self.dp_rank * self.local_batch, (self.dp_rank + 1) * self.local_batch)
+        inputs, labels = self.data.batch(step, self.layout.global_batch, rows)
         device = self.info.device
-        return inputs[rows].to(device, non_blocking=True), labels[rows].to(
-            device, non_blocking=True
-        )
+        return inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
 
-    def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step; returns this rank's loss contribution and the gradient norm."""
+    def step(
+        self, step: int, batch: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step on `batch` (this rank's rows; built here if None); returns this
+        rank's loss contribution and the gradient norm."""
         _fault(self.info.rank, step)
-        inputs, labels = self.local_data(step)
+        inputs, labels = batch if batch is not None else self.local_data(step)
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule is not None:
             loss = self._pipeline_step(inputs, labels)
         else:
             loss = self._flat_step(inputs, labels)
         pp_group = self.meshes["pp"].get_group() if self.layout.pp > 1 else None
-        norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group)
+        with torch.profiler.record_function("scalelab::clip_grad_norm"):
+            norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group)
         self.optimizer.step()
         return loss, norm
+
+    def _grad_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
+        """Reduce this micro-batch's gradients now (`sync`) or let them accumulate locally:
+        DDP's `no_sync`, FSDP2's `set_requires_gradient_sync` (reduce-scatter and HSDP's
+        all-reduce both skipped; the unsharded gradients accumulate until the last micro-batch)."""
+        if self.uses_fsdp:
+            from torch.distributed.fsdp import FSDPModule
+
+            if isinstance(model, FSDPModule):
+                model.set_requires_gradient_sync(sync)
+                if self.layout.sharding == Sharding.ZERO2:
+                    # ZeRO-2 keeps the parameters gathered until the step's last backward.
+                    model.set_reshard_after_backward(sync)
+            return contextlib.nullcontext()
+        if self.uses_ddp and not sync:
+            return model.no_sync()  # type: ignore[operator, no-any-return]
+        return contextlib.nullcontext()
 
     def _flat_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         n_micro, mb = self.layout.n_microbatches, self.layout.micro_batch
         total = torch.zeros((), device=self.info.device)
         model = self.modules[0]
+        per_step = self.options.grad_sync == "step"
         for j in range(n_micro):
             x = inputs[j * mb : (j + 1) * mb].clone()
             y = labels[j * mb : (j + 1) * mb].clone()
-            with self._context(x, y):
+            sync = not per_step or j == n_micro - 1
+            with self._grad_sync(model, sync), self._context(x, y):
                 self.local_seq_len = x.shape[1]
                 loss = cross_entropy(model(x), y)
                 (loss / n_micro).backward()
@@ -340,9 +378,10 @@ def _timed_steps(
     device = trainer.info.device
     times, losses, norms = [], [], []
     for i in range(n):
+        batch = trainer.local_data(first_step + i)  # outside the timed step
         _sync(device)
         t0 = time.perf_counter()
-        loss, norm = trainer.step(first_step + i)
+        loss, norm = trainer.step(first_step + i, batch)
         _sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss)
@@ -431,7 +470,8 @@ def profile_window(trainer: Trainer, first_step: int, trace_dir: Path) -> Path:
         on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
     ) as prof:
         for i in range(1 + active):
-            trainer.step(first_step + i)
+            batch = trainer.local_data(first_step + i)
+            trainer.step(first_step + i, batch)
             _sync(trainer.info.device)
             prof.step()
     return path
