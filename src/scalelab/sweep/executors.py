@@ -299,6 +299,8 @@ class SlurmExecutor:
         for key, value in options.model_dump().items():
             if isinstance(value, str):
                 check_slurm_value(f"slurm.{key}", value)
+        for key, value in options.additional.items():  # keys and values reach #SBATCH lines
+            check_slurm_value(f"slurm.additional.{key}", f"{key}={value}")
         self.options = options
         self.max_parallel = max_parallel
         self.backend = backend
