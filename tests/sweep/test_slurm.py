@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,3 +307,35 @@ def test_values_that_would_reach_the_script_unquoted_are_refused(
     with pytest.raises(InputError) as err:
         expand(spec, base)
     assert err.value.field.startswith(field)
+
+
+_INJECT = "x\n#SBATCH --account=other"
+
+
+@pytest.mark.parametrize(
+    ("slurm", "field"),
+    [
+        ({"partition": _INJECT}, "slurm.partition"),
+        ({"account": _INJECT}, "slurm.account"),
+        ({"qos": _INJECT}, "slurm.qos"),
+        ({"constraint": _INJECT}, "slurm.constraint"),
+        ({"gres_type": _INJECT}, "slurm.gres_type"),
+        ({"python": _INJECT}, "slurm.python"),
+        ({"additional": {"comment": _INJECT}}, "slurm.additional.comment"),
+        ({"additional": {"comment x": "y"}}, "slurm.additional.comment x"),
+    ],
+)
+def test_every_field_that_reaches_the_job_script_is_checked(
+    tmp_path: Path, slurm: dict[str, Any], field: str
+) -> None:
+    """Each value (and each `additional` key) that reaches a job script: refused with a newline or
+    a key that is not an sbatch option, whether from a sweep file or given to the executor."""
+    sweep = write_sweep(tmp_path / "spec", json.dumps({"models": ["llama-tiny"], "slurm": slurm}))
+    spec, base = load_sweep(sweep)
+    with pytest.raises(InputError) as err:
+        expand(spec, base)
+    assert err.value.field == field
+    if " " not in field:
+        with pytest.raises(InputError) as err:
+            SlurmExecutor(SlurmOptions(**slurm))
+        assert err.value.field == field

@@ -118,7 +118,7 @@ def bench(
     The layout flags are generated from `scalelab.config.Layout`'s fields (as for predict)."""
     from pydantic import ValidationError
 
-    from scalelab.cli.common import choice, positive
+    from scalelab.cli.common import choice, positive, writable_folder
     from scalelab.config.catalog import load_cluster, load_model
     from scalelab.config.layout import check
     from scalelab.measure.config import (
@@ -151,6 +151,7 @@ def bench(
         err = exc.errors()[0]
         raise InputError(str(err["loc"][0]).replace("_", "-"), err["msg"]) from None
     check_options(options)
+    writable_folder("out", out)
     worker = under_torchrun()
     if worker:
         gpus = int(os.environ["WORLD_SIZE"])

@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, positive, record_for_display
+from scalelab.cli.common import (
+    JsonOpt,
+    console,
+    positive,
+    record_for_display,
+    writable_folder,
+)
 from scalelab.errors import InputError
 
 
@@ -58,6 +64,7 @@ def comm(
     positive("iters", iters)
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
+    writable_folder("out", out)
     try:
         import torch  # noqa: F401
     except ImportError:

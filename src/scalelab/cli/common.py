@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -218,6 +220,22 @@ def positive(field: str, value: int) -> int:
     if value < 1:
         raise InputError(field, f"must be a positive integer, not {value}")
     return value
+
+
+def writable_folder(flag: str, folder: Path) -> Path:
+    """Check that `folder` can take files (creating it if needed) before a run measures anything:
+    a run whose record cannot be written is lost."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".scalelab-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InputError(flag, f"cannot write to {str(folder)!r}: {reason}") from None
+    return folder
 
 
 def build_layout(**values: Any) -> Layout:

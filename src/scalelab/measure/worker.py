@@ -126,11 +126,28 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _die_with_torchrun() -> None:
+    """SIGKILL this rank when torchrun dies (Linux): torchrun puts ranks in sessions of their own,
+    so nothing else ends a rank left waiting in rendezvous by a killed launcher."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent == 1 or os.getppid() != parent:  # torchrun died before the prctl
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m scalelab.measure.worker JOB_FILE", file=sys.stderr)
         return 2
+    _die_with_torchrun()
     rc, _ = run_worker(read_job(args[0]))
     return rc
 

@@ -6,8 +6,11 @@ harness. An executor only starts points and says when each has ended; `run.py` r
 
 `local` writes each point's job to `<out>/.sweep/jobs/<point.name>.job` and starts it as a
 subprocess (`python -m scalelab.measure.launch JOB`, which starts torchrun when the point has
-several processes), with the harness's child environment, in its own process group so that an interrupted sweep can end the whole point
-with SIGKILL, leaving no record rather than a failed one. `slurm` submits each point through
+several processes), with the harness's child environment, in its own process group and marked with `SCALELAB_RUN_TOKEN` in its environment, so that an
+interrupted sweep can end the whole point — torchrun and its workers, which run in sessions of
+their own — with SIGKILL (`kill_tree`), leaving no record rather than a failed one. If the sweep
+itself is killed, each process of the chain dies with its parent (PR_SET_PDEATHSIG, down to the
+workers). `slurm` submits each point through
 submitit as a job of `nodes` nodes, one task per node; each task starts torchrun with a c10d
 rendezvous on the first host of the job (`--nnodes $SLURM_NNODES --node-rank $SLURM_NODEID
 --rdzv-endpoint HOST:PORT`). The cluster's SLURM does the scheduling: points are submitted as job
@@ -81,6 +84,64 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _process_table() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc (Linux); empty elsewhere."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+def _marked(token: str) -> list[int]:
+    """Processes whose environment carries `SCALELAB_RUN_TOKEN=token` (reparented orphans too)."""
+    needle = f"SCALELAB_RUN_TOKEN={token}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def kill_tree(pid: int, token: str | None = None) -> None:
+    """SIGKILL `pid`, every process below it and every process marked with `token`.
+
+    torchrun starts its workers in their own sessions, so killing torchrun's process group is not
+    enough: the workers would stay alive (in rendezvous) as orphans. The tree is frozen with
+    SIGSTOP while it is walked (no new children escape), then killed, process groups included.
+    """
+    victims: list[int] = []
+    seen: set[int] = set()
+    for _ in range(3):  # a process that forked between the walk and its SIGSTOP is found next time
+        table = _process_table()
+        todo = [pid, *(_marked(token) if token else [])]
+        new = False
+        while todo:
+            p = todo.pop()
+            if p in seen or p == os.getpid():
+                continue
+            seen.add(p)
+            new = True
+            victims.append(p)
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGSTOP)
+            todo.extend(table.get(p, ()))
+        if not new:
+            break
+    for p in victims:
+        with contextlib.suppress(OSError):
+            if os.getpgid(p) == p:
+                os.killpg(p, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(p, signal.SIGKILL)
+
+
 class LocalExecutor:
     """Each point as `scalelab bench` (torchrun) on this machine, `max_parallel` at a time."""
 
@@ -114,11 +175,13 @@ class LocalExecutor:
         logs.mkdir(parents=True, exist_ok=True)
         queue = deque(points)
         running: dict[int, tuple[subprocess.Popen[bytes], Point, Path, IO[bytes]]] = {}
+        tokens: dict[int, str] = {}
         try:
             while queue or running:
                 while queue and len(running) < self.max_parallel:
                     point = queue.popleft()
                     env = child_env(point.env)
+                    env["SCALELAB_RUN_TOKEN"] = f"{os.getpid()}-{point.name}-{time.time_ns()}"
                     log = logs / f"{point.name}.log"
                     fh: IO[bytes] = open(log, "ab")  # noqa: SIM115 (closed when the point ends)
                     proc = subprocess.Popen(
@@ -130,6 +193,7 @@ class LocalExecutor:
                         preexec_fn=_die_with_parent,
                     )
                     running[proc.pid] = (proc, point, log, fh)
+                    tokens[proc.pid] = env["SCALELAB_RUN_TOKEN"]
                     started(point, f"pid {proc.pid}")
                 for pid, entry in list(running.items()):
                     rc = entry[0].poll()
@@ -141,9 +205,8 @@ class LocalExecutor:
                 if running:
                     time.sleep(self.poll_s)
         finally:
-            for entry in running.values():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(entry[0].pid, signal.SIGKILL)
+            for pid, entry in running.items():
+                kill_tree(pid, tokens.get(pid))
                 entry[0].wait()
                 entry[3].close()
 
@@ -236,6 +299,8 @@ class SlurmExecutor:
         for key, value in options.model_dump().items():
             if isinstance(value, str):
                 check_slurm_value(f"slurm.{key}", value)
+        for key, value in options.additional.items():  # keys and values reach #SBATCH lines
+            check_slurm_value(f"slurm.additional.{key}", f"{key}={value}")
         self.options = options
         self.max_parallel = max_parallel
         self.backend = backend

@@ -1,0 +1,87 @@
+"""An interrupted sweep leaves no process of its run behind (torchrun and its workers included).
+
+torchrun starts its workers in sessions of their own, so killing torchrun's process group is not
+enough. The sweep is stopped with SIGTERM, SIGINT and SIGKILL while a 2-process point's workers
+are alive; then no process that carries the test's mark in its environment may remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.sweep.conftest import child_env, write_sweep
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)"),
+]
+
+LONG_SWEEP = """\
+name: long
+models: [llama-tiny]
+nodes: [1]
+gpus_per_node: [2]
+global_batch_per_gpu: 2
+layouts:
+  - {sharding: fsdp}
+bench: {steps: 100000, warmup: 1, repeats: 1}
+"""
+
+
+def _marked(mark: str) -> list[tuple[int, str]]:
+    needle = f"SCALELAB_TEST_MARK={mark}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                cmd = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+                found.append((int(environ.parent.name), cmd.decode(errors="replace")[:120]))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_no_process_of_the_run_survives(tmp_path: Path, sig: signal.Signals) -> None:
+    mark = uuid.uuid4().hex
+    sweep = write_sweep(tmp_path, LONG_SWEEP)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab", "sweep", str(sweep), "--out", str(tmp_path / "out")],
+        env=child_env(SCALELAB_TEST_MARK=mark),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[tuple[int, str]] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers = [p for p in _marked(mark) if "scalelab.measure.worker" in p[1]]
+            if len(workers) >= 2:
+                break
+            time.sleep(0.1)
+        assert len(workers) >= 2, "the point's two workers never started"
+        time.sleep(1.0)  # the workers are in rendezvous or training
+        os.kill(proc.pid, sig)  # the sweep alone, as `kill PID` or Ctrl-C of a foreground job would
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 40
+        left = _marked(mark)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _marked(mark)
+        assert not left, f"processes of the run outlived the sweep ({sig.name}): {left}"
+    finally:
+        for pid, _ in _marked(mark):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
