@@ -123,9 +123,9 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     if nvls:
         nvlink = nvlink * _NVLS_GAIN
     domains = group.domains
-    nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * np.minimum(
-        group.ranks_per_domain, cluster.gpus_per_node
-    )
+    # Each of the group's ranks in an NVLink domain drives its own NIC(s): a ring that leaves a
+    # GB200 NVL72 rack uses the rack's NICs (72 GPUs' worth), not one compute tray's 4.
+    nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * group.ranks_per_domain
     net = (
         nics_per_domain_rank
         * p.net_bus_efficiency
