@@ -73,3 +73,33 @@ def test_power_sits_between_idle_and_tdp_and_f2s_sign_comes_from_the_states() ->
         assert H100.gpu.idle_w <= r["power_w_per_gpu"] <= H100.gpu.tdp_w
         powers[gpus] = r["power_w_per_gpu"]
     assert powers[2048] < powers[128]
+
+
+def test_a_ring_leaving_an_nvl72_rack_uses_the_racks_nics() -> None:
+    """144 ranks over two GB200 NVL72 racks: the cross-rack tier is 72 GPUs' NICs (capped by
+    NVLink), not one 4-GPU compute tray's."""
+    from scalelab.perf import comm
+
+    nvl72 = load_cluster("gb200-nvl72")
+    group = comm.group_shape(np.array([144]), np.array([1]), nvl72)
+    assert group.ranks_per_domain[0] == 72 and group.domains[0] == 2
+    busbw = comm.bus_bandwidth(comm.ALL_GATHER, group, nvl72)[0]
+    one_tray = nvl72.nic_bytes_per_s_per_gpu * 4 * nvl72.params.net_bus_efficiency
+    rack = nvl72.nic_bytes_per_s_per_gpu * 72 * nvl72.params.net_bus_efficiency
+    nvlink = nvl72.gpu.nvlink_bytes_per_s * nvl72.params.nvlink_bus_efficiency
+    assert busbw == pytest.approx(min(rack, nvlink))
+    assert busbw >= 4 * one_tray  # one tray's NICs alone would give one_tray
+
+
+def test_selective_recompute_with_flash_attention_frees_nothing() -> None:
+    """Korthikanti et al.'s selective recompute drops the score-sized tensors, which a flash
+    kernel never stores; with the math kernel it frees exactly the scores."""
+    l7 = load_model("llama2-7b")
+    base = dict(gpus=8, global_batch=8, seq_len=4096, micro_batch=1)
+    for attention, frees in (("flash", False), ("math", True)):
+        none = predict_layout(l7, H100, Layout(**base, attention=attention))
+        sel = predict_layout(l7, H100, Layout(**base, attention=attention, recompute="selective"))
+        if frees:
+            assert sel["memory_activations_bytes"] < none["memory_activations_bytes"]
+        else:
+            assert sel["memory_activations_bytes"] == none["memory_activations_bytes"]

@@ -8,7 +8,8 @@ Mixed-precision AdamW, bytes per parameter as each framework keeps them:
   divided by the shard group, plus two layers' bf16 parameters unsharded (the current one and
   the prefetched one). Activations per layer follow Korthikanti et al. (arXiv
 2205.05198) for a Llama block with flash attention (no score matrix), divided by TP with
-sequence parallelism and by CP; a pipeline's first stage holds up to `pp` micro-batches in flight.
+sequence parallelism and by CP; selective recompute frees only the score-sized tensors (none with a
+flash kernel); a pipeline's first stage holds up to `pp` micro-batches in flight.
 """
 
 from __future__ import annotations
@@ -110,7 +111,11 @@ def memory_per_gpu(
         model, tokens, tp, sequence_parallel, math_attention, score_elems
     )
     layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
-    selective = per_layer * 0.55
+    # Selective recompute (Korthikanti et al. 2022) recomputes the attention core, so it frees the
+    # score-sized tensors (the 5·a·s/h term): with a flash kernel they are never stored, so nothing.
+    selective = activation_bytes_per_layer(
+        model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
+    )
     full = recompute == Recompute.FULL.code
     kept = np.where(
         full, layer_input, np.where(recompute == Recompute.SELECTIVE.code, selective, per_layer)
