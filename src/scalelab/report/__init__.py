@@ -88,6 +88,7 @@ def build_report(
         unmeasured=data.unmeasured_reasons(obs),
         notes=notes,
         exports=[*exports, *tables],
+        prediction_clusters=data.prediction_clusters(obs),
     )
     index = atomic_write_text(dest / "index.html", page)
     ok = sum(1 for o in obs if o.status == "ok")
