@@ -255,3 +255,23 @@ def test_report_files_have_the_usual_mode(records: Path, tmp_path: Path) -> None
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "report").iterdir()}
     assert modes and all(m == 0o644 for m in modes.values()), modes
+
+
+def test_loss_curves_show_each_record(tmp_path: Path) -> None:
+    from scalelab.report import data, figures
+
+    folder = tmp_path / "records"
+    good, bad = _record("good", 8, [3000.0, 3000.0]), _record("bad", 16, [3000.0, 3000.0])
+    for record, losses in ((good, [5.5, 5.4, 5.3, 5.2]), (bad, [5.5, 5.6, 5.7, 5.8])):
+        for i, rep in enumerate(record.measurements["repeats"]):
+            rep["warmup_loss"], rep["loss"] = [losses[2 * i]], [losses[2 * i + 1]]
+        write_record(record, folder)
+    result = build_report(folder, tmp_path / "report")
+    assert result.figures["loss"] == tmp_path / "report" / "loss.png"
+    assert result.figures["loss"].stat().st_size > 0
+    assert 'src="loss.png"' in (tmp_path / "report" / "index.html").read_text()
+    curves = figures.loss_curves(data.observations(data.load(folder)))
+    assert curves == {
+        "llama2-7b fsdp 8 GPUs": [5.5, 5.4, 5.3, 5.2],
+        "llama2-7b fsdp 16 GPUs": [5.5, 5.6, 5.7, 5.8],
+    }

@@ -159,7 +159,10 @@ def page(
     ]
     for key, path in figures.items():
         rel = path.relative_to(out).as_posix()
-        caption = next((m.label for m in METRICS if m.key == key), "measured vs predicted")
+        caption = next(
+            (m.label for m in METRICS if m.key == key),
+            "training loss per record" if key == "loss" else "measured vs predicted",
+        )
         parts.append(
             f'<figure><img class="figure" src="{escape(rel)}" alt="{escape(caption)}">'
             f"<figcaption>{escape(caption)}</figcaption></figure>"
