@@ -188,3 +188,90 @@ def test_bad_input_is_one_line_and_exit_2(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err
+
+
+def _tagless(record: Record, **layout: Any) -> Record:
+    """`record` as bench wrote it by hand (no sweep tags), with these layout fields."""
+    record.workload = {k: v for k, v in record.workload.items() if k != "tags"}
+    record.layout = {**(record.layout or {}), **layout}
+    return record
+
+
+def test_layouts_never_pool_and_labels_are_full(tmp_path: Path) -> None:
+    folder = tmp_path / "records"
+    pp = {"pp": 8, "global_batch": 16}
+    for schedule, v in (("1f1b", 3000.0), ("gpipe", 2000.0)):
+        # One sweep series holding two pipeline schedules at 8 GPUs: two rows, not one mean.
+        r = _record(f"pp-{schedule}", 8, [v, v + 10])
+        r.layout = {**(r.layout or {}), **pp, "pp_schedule": schedule}
+        r.workload["tags"]["series"] = ["pp"]
+        write_record(r, folder)
+    # Pure pipeline without tags: its label has no sharding word; compile is part of it.
+    write_record(_tagless(_record("pure", 8, [2500.0]), **pp, pp_schedule="zbv", virtual_stages=2), folder)  # fmt: skip
+    compiled = _tagless(_record("fsdp-compiled", 8, [3300.0]))
+    compiled.workload["compile"] = True
+    write_record(compiled, folder)
+    build_report(folder, tmp_path / "report")
+    with (tmp_path / "report" / "summary.csv").open() as fh:
+        rows = {r["series"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"pp · pp8-1f1b", "pp · pp8-gpipe", "pp8-zbv v2", "fsdp compile"}, rows
+    assert float(rows["pp · pp8-gpipe"]["tokens_per_s_per_gpu.mean"]) == pytest.approx(2005.0)
+
+
+def test_intervals_never_go_below_zero(tmp_path: Path) -> None:
+    folder = tmp_path / "records"
+    write_record(_record("noisy", 8, [100.0, 3000.0]), folder)  # n = 2: t = 12.7
+    build_report(folder, tmp_path / "report")
+    row = _rows(tmp_path / "report" / "summary.csv")[8]
+    assert float(row["tokens_per_s_per_gpu.ci95_low"]) == 0.0
+    assert float(row["tokens_per_s_per_gpu.ci95_high"]) > 3000.0
+
+
+def test_predictions_name_their_cluster_and_cpu_records_need_one(tmp_path: Path) -> None:
+    folder = tmp_path / "records"
+    write_record(_record("gpu", 8, [3000.0, 3100.0]), folder)
+    cpu = _record("cpu", 16, [50.0, 52.0])
+    cpu.cluster = None  # a CPU run names no cluster
+    write_record(cpu, folder)
+    result = build_report(folder, tmp_path / "report", predict=True)
+    assert any("cpu" in n and "names no cluster" in n for n in result.notes), result.notes
+    rows = _rows(tmp_path / "report" / "summary.csv")
+    assert rows[8]["tokens_per_s.predicted"] and not rows[16]["tokens_per_s.predicted"]
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "Predicted for cluster <b>h100-ib</b>" in page
+    # Asked for a cluster, every record is predicted for it, and the page says so.
+    result = build_report(folder, tmp_path / "r2", predict=True, cluster="a100-ib")
+    assert not result.notes
+    assert "Predicted for cluster <b>a100-ib</b>" in (tmp_path / "r2" / "index.html").read_text()
+
+
+def test_report_files_have_the_usual_mode(records: Path, tmp_path: Path) -> None:
+    import os
+
+    old = os.umask(0o022)
+    try:
+        build_report(records, tmp_path / "report")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "report").iterdir()}
+    assert modes and all(m == 0o644 for m in modes.values()), modes
+
+
+def test_loss_curves_show_each_record(tmp_path: Path) -> None:
+    from scalelab.report import data, figures
+
+    folder = tmp_path / "records"
+    good, bad = _record("good", 8, [3000.0, 3000.0]), _record("bad", 16, [3000.0, 3000.0])
+    for record, losses in ((good, [5.5, 5.4, 5.3, 5.2]), (bad, [5.5, 5.6, 5.7, 5.8])):
+        for i, rep in enumerate(record.measurements["repeats"]):
+            rep["warmup_loss"], rep["loss"] = [losses[2 * i]], [losses[2 * i + 1]]
+        write_record(record, folder)
+    result = build_report(folder, tmp_path / "report")
+    assert result.figures["loss"] == tmp_path / "report" / "loss.png"
+    assert result.figures["loss"].stat().st_size > 0
+    assert 'src="loss.png"' in (tmp_path / "report" / "index.html").read_text()
+    curves = figures.loss_curves(data.observations(data.load(folder)))
+    assert curves == {
+        "llama2-7b fsdp 8 GPUs": [5.5, 5.4, 5.3, 5.2],
+        "llama2-7b fsdp 16 GPUs": [5.5, 5.6, 5.7, 5.8],
+    }

@@ -66,6 +66,9 @@ class RepeatResult:
     peak_rss_bytes: int
     # Each rank's GPU energy over the window; None unless every rank read its counter.
     window_energy_j_per_rank: list[float] | None = None
+    # Per measured step, the largest over ranks: CUDA peak allocated bytes during the step on
+    # GPU, the process's resident set after the step on CPU.
+    memory_bytes: list[int | None] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -213,6 +216,10 @@ def bench_record(
                 "grad_norm": res.grad_norm,
                 "warmup_step_time_s": res.warmup_step_time_s,
                 "warmup_loss": res.warmup_loss,
+                "memory_bytes": res.memory_bytes,
+                "memory_bytes_kind": (
+                    "rss" if res.peak_memory_allocated_bytes is None else "cuda_peak_allocated"
+                ),
                 "window_energy_j_per_rank": per_rank,
                 "power_w_per_rank": (
                     [e / res.window_s for e in per_rank] if per_rank is not None else None

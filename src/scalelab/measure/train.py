@@ -372,8 +372,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _step_memory(device: torch.device) -> tuple[float, float, float]:
+    """After a step (outside its timer): the CUDA allocator's peak allocated and reserved bytes
+    during the step (then reset), and the process's resident set now (bytes)."""
+    rss = float("nan")
+    try:
+        with open("/proc/self/statm") as fh:
+            rss = float(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, IndexError):
+        pass
+    if device.type != "cuda":
+        return 0.0, 0.0, rss
+    alloc = float(torch.cuda.max_memory_allocated(device))
+    reserved = float(torch.cuda.max_memory_reserved(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return alloc, reserved, rss
+
+
 def _timed_steps(
-    trainer: Trainer, first_step: int, n: int
+    trainer: Trainer,
+    first_step: int,
+    n: int,
+    memory: list[tuple[float, float, float]] | None = None,
 ) -> tuple[list[float], list[torch.Tensor], list[torch.Tensor]]:
     device = trainer.info.device
     times, losses, norms = [], [], []
@@ -386,6 +406,8 @@ def _timed_steps(
         times.append(time.perf_counter() - t0)
         losses.append(loss)
         norms.append(norm)
+        if memory is not None:
+            memory.append(_step_memory(device))
     return times, losses, norms
 
 
@@ -406,8 +428,9 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         torch.cuda.reset_peak_memory_stats(device)
     energy0 = meter.read_j()
     _sync(device)
+    memory: list[tuple[float, float, float]] = []
     t0 = time.perf_counter()
-    times, losses, norms = _timed_steps(trainer, first_step + opts.warmup, opts.steps)
+    times, losses, norms = _timed_steps(trainer, first_step + opts.warmup, opts.steps, memory)
     window = time.perf_counter() - t0
     energy1 = meter.read_j()
 
@@ -423,11 +446,12 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     w_times_r = _reduce(w_times, max_op, device)
     times_r = _reduce(times, max_op, device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if device.type == "cuda":
-        alloc, reserved = (
-            torch.cuda.max_memory_allocated(device),
-            torch.cuda.max_memory_reserved(device),
-        )
+    # Per measured step, the largest over ranks: CUDA peak allocated (GPU) or resident set (CPU).
+    cuda = device.type == "cuda"
+    per_step = _reduce([m[0] if cuda else m[2] for m in memory], max_op, device)
+    if cuda:  # the window's peaks: the largest of the steps' (each step reset the counters)
+        alloc = max((m[0] for m in memory), default=0.0)
+        reserved = max((m[1] for m in memory), default=0.0)
     else:
         alloc, reserved = 0, 0
     window_r, rss_r, alloc_r, reserved_r = _reduce([window, rss, alloc, reserved], max_op, device)
@@ -439,7 +463,6 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     dist.all_gather(gathered, torch.tensor([local], dtype=torch.float64, device=device))
     per_rank = [float(t.item()) for t in gathered]
     has_energy = all(v == v for v in per_rank)  # no NaN: every rank read its counter
-    cuda = device.type == "cuda"
     return RepeatResult(
         warmup_step_time_s=w_times_r,
         warmup_loss=loss_list[: len(w_losses)],
@@ -451,6 +474,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         peak_memory_reserved_bytes=int(reserved_r) if cuda else None,
         peak_rss_bytes=int(rss_r),
         window_energy_j_per_rank=per_rank if has_energy else None,
+        memory_bytes=[int(v) if v == v else None for v in per_step],
     )
 
 

@@ -77,6 +77,9 @@ def build_report(
     summary = [r.flat() for r in rows]
     tables = [write_csv(dest / "summary.csv", summary)] if summary else []
     figs = figures.all_figures(rows, dest, predict)
+    loss = figures.loss_figure(obs, dest / "loss.png")
+    if loss is not None:
+        figs["loss"] = loss
     page = html.page(
         title=f"scalelab report: {src.resolve().name}",
         source=str(src),
@@ -88,6 +91,7 @@ def build_report(
         unmeasured=data.unmeasured_reasons(obs),
         notes=notes,
         exports=[*exports, *tables],
+        prediction_clusters=data.prediction_clusters(obs),
     )
     index = atomic_write_text(dest / "index.html", page)
     ok = sum(1 for o in obs if o.status == "ok")

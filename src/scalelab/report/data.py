@@ -1,10 +1,13 @@
 """From records to the numbers a report shows: one row per configuration, with 95 % intervals.
 
 A configuration is (model, series, GPUs): the series is the sweep's name for the layout
-(`fsdp`, `best-1`, ...) from the record's `workload.tags`, or the layout's own short name for a
-record that no sweep wrote. Every repeat of every record of a configuration (several runs of a
-point, several points) is pooled, and the mean with its Student-t 95 % interval is taken over
-the pooled repeats. Predictions, when asked for, come from the record (`bench --predict`) or
+(`fsdp`, `best-1`, ...) from the record's `workload.tags`, or the layout's full label (`_label`:
+schedule, SP, recompute, reshard, compile included) for a record that no sweep wrote; a sweep
+series holding several layouts at one GPU count splits by layout label, so different layouts
+never pool. Every repeat of every record of a configuration is pooled, and the mean with its
+Student-t 95 % interval (clipped at 0: every metric is non-negative) is taken over the pooled
+repeats. A prediction is made for `--cluster`, else the record's cluster; a record with neither
+(a CPU run) is not predicted, and the page names the cluster of every prediction. Predictions, when asked for, come from the record (`bench --predict`) or
 from `predict_layout` on the record's layout and cluster (`scalelab.predicted.prediction_of`).
 Measured and predicted values are read under the same metric names (the shared vocabulary:
 `tokens_per_s_per_gpu`, `power_w_per_gpu`, `tokens_per_j`, ...); records of schema 1 are
@@ -65,6 +68,7 @@ class Observation:
     values: dict[str, list[float]] = field(default_factory=dict)
     predicted: dict[str, float | None] = field(default_factory=dict)
     prediction_source: str | None = None
+    prediction_cluster: str | None = None
 
 
 @dataclass
@@ -98,16 +102,29 @@ class Row:
         return row
 
 
-def _label(layout: dict[str, Any]) -> str:
-    """The layout's short name (`Layout.slug`: `fsdp`, `hsdp4-tp2sp`, `fsdp-pp2-1f1b-ac-full`)."""
+def _label(layout: dict[str, Any], workload: dict[str, Any] | None = None) -> str:
+    """The full name of what ran: `Layout.label` (degrees, pipeline schedule and virtual stages,
+    SP, micro-batch, recompute, noreshard, precision, attention) plus the bench options that
+    change the step (`compile`, `grad-sync-microbatch`). A layout without data or context
+    parallelism has no sharding word (a pure pipeline is `pp2-1f1b`, not `fsdp pp2-1f1b`; one
+    process is `single`)."""
     from pydantic import ValidationError
 
     from scalelab.config.layout import Layout
 
+    workload = workload or {}
     try:
-        return Layout(**layout).slug
+        built = Layout(**layout)
     except (TypeError, ValidationError):
         return str(layout.get("sharding", "?"))
+    parts = built.label_parts()
+    if built.dp * built.cp == 1:
+        parts = parts[1:]
+    if workload.get("compile"):
+        parts.append("compile")
+    if workload.get("grad_sync") == "microbatch":
+        parts.append("grad-sync-microbatch")
+    return " ".join(parts) or "single"
 
 
 def _finite(value: Any) -> float | None:
@@ -180,7 +197,7 @@ def observations(records: Sequence[tuple[Path, Record]]) -> list[Observation]:
         layout = record.layout or {}
         tags = record.workload.get("tags") or {}
         gpus = int(layout.get("gpus") or 0)
-        label = _label(layout)
+        label = _label(layout, record.workload)
         series = tags.get("series") or [label]
         o = Observation(
             path=path,
@@ -207,6 +224,13 @@ def add_predictions(obs: Sequence[Observation], cluster: str | None) -> list[str
     for o in obs:
         if o.status != "ok":
             continue
+        own = o.record.prediction or {}
+        if cluster is None and o.record.cluster is None and (not own or "error" in own):
+            notes.append(
+                f"{o.path.name}: not predicted (the record names no cluster: a CPU run? "
+                "pass --cluster to predict it for one)"
+            )
+            continue
         try:
             pred, source = prediction_of(o.record, cluster, clusters)
         except InputError as exc:
@@ -218,24 +242,44 @@ def add_predictions(obs: Sequence[Observation], cluster: str | None) -> list[str
             notes.append(f"{o.path.name}: not predicted ({type(exc).__name__}: {exc})")
             continue
         o.prediction_source = source
+        o.prediction_cluster = str(pred.get("cluster") or cluster or o.record.cluster or "?")
         o.predicted = {m.key: _finite(pred.get(m.key)) for m in METRICS}
     return notes
 
 
+def prediction_clusters(obs: Sequence[Observation]) -> dict[str, list[str]]:
+    """The clusters predicted for, each with the devices its records were measured on."""
+    out: dict[str, set[str]] = {}
+    for o in obs:
+        if o.prediction_cluster is None:
+            continue
+        devices = (o.record.environment or {}).get("devices") or ["?"]
+        out.setdefault(o.prediction_cluster, set()).update(str(d) for d in devices)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def aggregate(obs: Sequence[Observation]) -> list[Row]:
     """One row per (model, series, GPUs) from the ok observations, sorted."""
-    groups: dict[tuple[str, str, int], list[Observation]] = {}
+    by_series: dict[tuple[str, str, int], list[Observation]] = {}
     for o in obs:
         if o.status != "ok" or not o.gpus:
             continue
         for s in o.series:
-            groups.setdefault((o.model, s, o.gpus), []).append(o)
+            by_series.setdefault((o.model, s, o.gpus), []).append(o)
+    # Different layouts are never pooled: a series with several layouts at one GPU count (four
+    # pipeline schedules under one sweep name) splits into `series · layout label`.
+    groups: dict[tuple[str, str, int], list[Observation]] = {}
+    for (model, series, gpus), members in by_series.items():
+        labels = {o.layout for o in members}
+        for o in members:
+            name = series if len(labels) == 1 else f"{series} · {o.layout}"
+            groups.setdefault((model, name, gpus), []).append(o)
     rows = []
     for (model, series, gpus), members in sorted(groups.items()):
         measured = {}
         for key in METRIC_KEYS:
             pooled = [v for o in members for v in o.values.get(key, [])]
-            measured[key] = stats(pooled)
+            measured[key] = _clip_at_zero(stats(pooled))
         predicted: dict[str, float | None] = {}
         with_pred = [o for o in members if o.predicted]
         for key in METRIC_KEYS:
@@ -256,6 +300,15 @@ def aggregate(obs: Sequence[Observation]) -> list[Row]:
             )
         )
     return rows
+
+
+def _clip_at_zero(st: dict[str, Any]) -> dict[str, Any]:
+    """Every metric here is non-negative: a Student-t interval's lower end below 0 (2 repeats:
+    t = 12.7) is clipped to 0 and the clip is flagged (`ci95_clipped`)."""
+    low = st.get("ci95_low")
+    if low is not None and low < 0:
+        return {**st, "ci95_low": 0.0, "ci95_clipped": True}
+    return st
 
 
 def unmeasured_reasons(obs: Sequence[Observation]) -> dict[str, str]:

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.plotting import gpu_axis, pyplot, save_figure
-from scalelab.report.data import METRICS, Metric, Row
+from scalelab.report.data import METRICS, Metric, Observation, Row
+
+MAX_CURVES = 16
 
 
 def _series(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
@@ -110,6 +112,47 @@ def ratio_figure(rows: Sequence[Row], path: Path) -> Path | None:
     ax.set_ylabel("measured ÷ predicted tokens/s")
     ax.set_title("measured against predicted throughput (1 = the predictor is exact)", fontsize=10)
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def loss_curves(obs: Sequence[Observation]) -> dict[str, list[float]]:
+    """Each ok record's training loss at every step it ran (warm-up and measured, repeat after
+    repeat: training continues across repeats), keyed by `model series GPUs`."""
+    curves: dict[str, list[float]] = {}
+    for o in obs:
+        repeats = o.record.measurements.get("repeats") if o.record.measurements else None
+        if o.status != "ok" or not isinstance(repeats, list):
+            continue
+        losses = [
+            float(v)
+            for rep in repeats
+            if isinstance(rep, dict)
+            for v in [*(rep.get("warmup_loss") or []), *(rep.get("loss") or [])]
+            if isinstance(v, (int, float))
+        ]
+        if losses:
+            key = f"{o.model} {' / '.join(o.series)} {o.gpus} GPUs"
+            if key in curves:
+                key = f"{key} ({o.path.stem[-8:]})"
+            curves[key] = losses
+    return curves
+
+
+def loss_figure(obs: Sequence[Observation], path: Path) -> Path | None:
+    """Loss against step, one line per record (the first MAX_CURVES): layouts that train alike
+    lie on one curve, and one that does not (wrong gradients) stands out."""
+    curves = loss_curves(obs)
+    if not curves:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, losses in sorted(curves.items())[:MAX_CURVES]:
+        ax.plot(range(1, len(losses) + 1), losses, marker=".", label=label)
+    ax.set_xlabel("training step (warm-up and measured, all repeats)")
+    ax.set_ylabel("loss")
+    shown = min(len(curves), MAX_CURVES)
+    ax.set_title(f"training loss per record ({shown} of {len(curves)})", fontsize=10)
+    ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 

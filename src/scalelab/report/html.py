@@ -114,6 +114,18 @@ def failures_table(obs: Sequence[Observation]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
+def _prediction_line(clusters: dict[str, list[str]]) -> list[str]:
+    """Which cluster the predictions are for, and what the records ran on (CPU records predicted
+    for a GPU cluster compare in shape only)."""
+    if not clusters:
+        return ['<p class="prediction-cluster">No record was predicted (see the notes).</p>']
+    items = "; ".join(
+        f"<b>{escape(name)}</b> (records measured on: {escape(', '.join(devices))})"
+        for name, devices in clusters.items()
+    )
+    return [f'<p class="prediction-cluster">Predicted for cluster {items}.</p>']
+
+
 def page(
     *,
     title: str,
@@ -126,6 +138,7 @@ def page(
     unmeasured: dict[str, str],
     notes: Sequence[str],
     exports: Sequence[Path],
+    prediction_clusters: dict[str, list[str]] | None = None,
 ) -> str:
     ok = sum(1 for o in obs if o.status == "ok")
     parts = [
@@ -137,14 +150,19 @@ def page(
         f"<p>{len(obs)} records from <code>{escape(source)}</code>: {ok} ok, "
         f"{len(obs) - ok} failed or OOM. Each point is the mean over every repeat of every "
         "record of a configuration (model, series, GPUs); error bars and brackets are its 95 % "
-        "confidence interval (Student t), absent with a single repeat."
+        "confidence interval (Student t), absent with a single repeat and clipped at 0 (every "
+        "metric is non-negative; with 2 repeats t = 12.7, so such intervals are wide)."
         + (" Dashed lines are the predictor's numbers for the same layouts." if predicted else "")
         + "</p>",
+        *(_prediction_line(prediction_clusters or {}) if predicted else []),
         "<h2>Figures</h2>",
     ]
     for key, path in figures.items():
         rel = path.relative_to(out).as_posix()
-        caption = next((m.label for m in METRICS if m.key == key), "measured vs predicted")
+        caption = next(
+            (m.label for m in METRICS if m.key == key),
+            "training loss per record" if key == "loss" else "measured vs predicted",
+        )
         parts.append(
             f'<figure><img class="figure" src="{escape(rel)}" alt="{escape(caption)}">'
             f"<figcaption>{escape(caption)}</figcaption></figure>"
