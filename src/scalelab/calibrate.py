@@ -12,6 +12,7 @@ base value. The result is written as a cluster YAML that `predict`, `search` and
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -339,17 +340,39 @@ def points_from_records(
             continue
         if rec.kind == "comm":
             w = rec.workload
-            for row in rec.measurements.get("rows", []):
-                comm_points.append(
-                    CommPoint(
-                        collective=row["collective"],
+            rows = rec.measurements.get("rows", [])
+            if not isinstance(rows, list):
+                raise InputError(
+                    f"records: {rec.name}: measurements.rows", "must be a list of rows"
+                )
+            for i, row in enumerate(rows):
+                try:
+                    point = CommPoint(
+                        collective=str(row["collective"]),
                         nbytes=float(row["bytes"]),
                         ranks=int(w["world_size"]),
                         ranks_per_node=int(w.get("nproc_per_node", w["world_size"])),
                         time_s=float(row["time_s"]),
                         source=rec.name,
                     )
-                )
+                    good = all(
+                        math.isfinite(v) and v > 0
+                        for v in (point.nbytes, point.time_s, point.ranks, point.ranks_per_node)
+                    )
+                except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                    raise InputError(
+                        f"records: {rec.name}: measurements.rows[{i}]",
+                        "needs collective, bytes and time_s (positive numbers) and the workload's "
+                        f"world_size ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})",
+                    ) from None
+                if not good:
+                    raise InputError(
+                        f"records: {rec.name}: measurements.rows[{i}]",
+                        "bytes, time_s, world_size and nproc_per_node must be positive finite "
+                        f"numbers, not {point.nbytes}, {point.time_s}, {point.ranks}, "
+                        f"{point.ranks_per_node}",
+                    )
+                comm_points.append(point)
         elif rec.kind == "bench":
             try:
                 if not isinstance(rec.workload.get("model_spec"), dict):
@@ -361,6 +384,15 @@ def points_from_records(
                 raise InputError(
                     "records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s"
                 ) from None
+            if (
+                isinstance(step, bool)
+                or not isinstance(step, (int, float))
+                or not (math.isfinite(step) and step > 0)
+            ):
+                raise InputError(
+                    f"records: {rec.name}: summary.step_time_s.mean",
+                    f"must be a positive number of seconds, not {step!r:.40}",
+                )
             # Records of schema 1 are upgraded on load (avg_power_w / GPUs).
             power = (rec.summary.get("power_w_per_gpu") or {}).get("mean")
             step_points.append(

@@ -169,7 +169,7 @@ def load_record(path: str | Path) -> Record:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError("record", f"no such file: {p}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError(
             "record", f"{p} is not a valid JSON record ({exc.__class__.__name__})"
         ) from None

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
-from scalelab.config.layout import Layout, LayoutTable, violation_masks
+from scalelab.config.layout import (
+    MAX_GLOBAL_BATCH,
+    MAX_GPUS,
+    MAX_SEQ_LEN,
+    Layout,
+    LayoutTable,
+    violation_masks,
+)
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import (
     AttentionKernel,
@@ -81,7 +88,20 @@ class SearchResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, sorted, from its prime factorisation (fast for any n up to MAX_GPUS)."""
+    primes: dict[int, int] = {}
+    rest, p = n, 2
+    while p * p <= rest:
+        while rest % p == 0:
+            primes[p] = primes.get(p, 0) + 1
+            rest //= p
+        p += 1
+    if rest > 1:
+        primes[rest] = primes.get(rest, 0) + 1
+    divisors = [1]
+    for prime, power in primes.items():
+        divisors = [d * prime**k for d in divisors for k in range(power + 1)]
+    return sorted(divisors)
 
 
 def _allowed(values: list[Any], allowed: list[Any] | None) -> list[Any]:
@@ -317,6 +337,13 @@ def search(
     ):
         if value < 1:
             raise InputError(name, f"must be a positive integer, not {value}")
+    for name, value, limit in (
+        ("gpus", gpus, MAX_GPUS),
+        ("global-batch", global_batch, MAX_GLOBAL_BATCH),
+        ("seq-len", seq_len, MAX_SEQ_LEN),
+    ):
+        if value > limit:
+            raise InputError(name, f"must be at most {limit:,}, not {value:,}")
     start = time.perf_counter()
     space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
     invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))

@@ -70,6 +70,31 @@ def _user_error(message: str) -> None:
     raise SystemExit(2) from None
 
 
+# Exceptions that only bad input raises while a file or a number is parsed. Every reader turns them
+# into an InputError naming its file and field; this is the net under a reader that does not yet.
+_PARSE_ERRORS: tuple[type[BaseException], ...] = (
+    UnicodeDecodeError,
+    RecursionError,
+    OverflowError,
+)
+
+
+def _parse_error(exc: BaseException) -> None:
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+    _user_error(f"input: {where}{type(exc).__name__}: {text} (a file or value that cannot be read)")
+
+
+def _more_parse_errors() -> tuple[type[BaseException], ...]:
+    """yaml's and csv's errors, when those modules are already imported (never imported here)."""
+    extra: list[type[BaseException]] = []
+    if "yaml" in sys.modules:
+        extra.append(sys.modules["yaml"].YAMLError)
+    if "csv" in sys.modules:
+        extra.append(sys.modules["csv"].Error)
+    return tuple(extra)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -83,6 +108,12 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as exc:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             _user_error(f"{where}{exc.strerror or exc}")
+        except _PARSE_ERRORS as exc:
+            _parse_error(exc)
+        except Exception as exc:
+            if isinstance(exc, _more_parse_errors()):
+                _parse_error(exc)
+            raise
         if code:
             raise SystemExit(code)
         return
@@ -106,7 +137,11 @@ def _typer_main(args: list[str]) -> None:
     except typer.Abort:
         print("scalelab: aborted", file=sys.stderr)
         raise SystemExit(130) from None
+    except _PARSE_ERRORS as exc:
+        _parse_error(exc)
     except Exception as exc:
+        if isinstance(exc, _more_parse_errors()):
+            _parse_error(exc)
         # click's (or typer's vendored click's) usage errors: bad flags, missing arguments.
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             message = exc.format_message().strip().splitlines() or [type(exc).__name__]

@@ -159,7 +159,8 @@ def bench(
     else:
         positive("nproc-per-node", nproc_per_node)
         gpus = per_node = nproc_per_node
-    seq_len = layout.pop("seq_len", None) or spec.seq_len
+    seq_len = layout.pop("seq_len", None)
+    seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
     gpu = _detected_gpu()
     if gpu is not None and not worker:
@@ -251,7 +252,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         return
     s = record.summary
     w = record.workload
-    table = Table(title=f"{w['model']} · {path.name}")
+    table = Table(title=escape(f"{w['model']} · {path.name}"))
     table.add_column("metric")
     table.add_column("mean", justify="right")
     table.add_column("std", justify="right")
@@ -284,7 +285,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         )
     console.print(table)
     for field, reason in record.notes.items():
-        console.print(f"[dim]{field}: {reason}[/]")
+        console.print(f"[dim]{escape(f'{field}: {reason}')}[/]")
     if record.prediction:
         console.print(
             "predicted: "

@@ -47,6 +47,7 @@ def comm(
     json_out: JsonOpt = False,
 ) -> None:
     """Measure collective algorithm and bus bandwidth (nccl-tests definitions) and write a record."""
+    writable_folder("out", out)  # first: a run whose record cannot be written is lost
     from scalelab.measure.comm_bench import COLLECTIVES, parse_sizes
 
     chosen = [c.strip() for c in collectives.split(",") if c.strip()]
@@ -64,7 +65,6 @@ def comm(
     positive("iters", iters)
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
-    writable_folder("out", out)
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import (
@@ -40,7 +41,8 @@ def predict(
     """
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    seq_len = layout.pop("seq_len", None) or spec.seq_len
+    seq_len = layout.pop("seq_len", None)
+    seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
     result = predict_layout(spec, cluster_spec, built)
     if json_out:
@@ -61,7 +63,8 @@ def render_prediction(r: dict[str, Any]) -> None:
     """Rich tables for one prediction."""
     lay = r["layout"]
     console.print(
-        f"[bold]{r['model']}[/] on {lay['gpus']} x {r['gpu']} ({r['cluster']}): "
+        f"[bold]{escape(str(r['model']))}[/] on {lay['gpus']} x {escape(str(r['gpu']))} "
+        f"({escape(str(r['cluster']))}): "
         f"sharding {lay['sharding']}, tp {lay['tp']}, pp {lay['pp']} ({lay['pp_schedule']}), cp {lay['cp']}, "
         f"dp {int(r['data_parallel'])}, micro-batch {lay['micro_batch']} x {int(r['n_microbatches'])}, "
         f"global batch {lay['global_batch']} x {lay['seq_len']} tokens, recompute {lay['recompute']}, {lay['precision']}"

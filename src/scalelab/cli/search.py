@@ -6,6 +6,7 @@ import contextlib
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import (
@@ -50,14 +51,16 @@ def search_command(
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     allowed = build_constraints(**constraints)
-    status = err_console.status(f"searching every layout of {spec.name} on {gpus} GPUs")
+    status = err_console.status(f"searching every layout of {escape(spec.name)} on {gpus} GPUs")
     with contextlib.nullcontext() if json_out else status:
         result = search(
             spec,
             cluster_spec,
             gpus=gpus,
-            global_batch=global_batch or Layout.default_global_batch(gpus),
-            seq_len=seq_len or spec.seq_len,
+            global_batch=Layout.default_global_batch(max(gpus, 1))
+            if global_batch is None
+            else global_batch,
+            seq_len=spec.seq_len if seq_len is None else seq_len,
             objective=objective,
             constraints=allowed,
             top_k=top,
@@ -101,7 +104,7 @@ def _table(title: str) -> Table:
 
 def render(r: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{r['model']}[/] on {r['gpus']} GPUs ({r['cluster']}), global batch {r['global_batch']} x "
+        f"[bold]{escape(str(r['model']))}[/] on {r['gpus']} GPUs ({escape(str(r['cluster']))}), global batch {r['global_batch']} x "
         f"{r['seq_len']} tokens, objective {r['objective']}"
     )
     reasons = ", ".join(f"{k}: {v:,}" for k, v in r["invalid_by_reason"].items()) or "none"

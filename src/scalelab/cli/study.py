@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from scalelab.cli.common import JsonOpt, console, err_console, print_json
@@ -33,7 +34,7 @@ def study(
         transient=True,
         disable=json_out,
     ) as progress:
-        task = progress.add_task(f"study {name}", total=None)
+        task = progress.add_task(f"study {escape(name)}", total=None)
         result = run_study(name, folder, lambda text: progress.update(task, description=text))
     if json_out:
         print_json(
@@ -55,5 +56,5 @@ def study(
         console.print(f"{result['within']} of {len(result['findings'])} findings within tolerance")
     console.print(
         f"wrote {len(result['figures'])} figures and {len(result['tables'])} tables; report: "
-        f"[bold]{result['report']}[/] and [bold]{result['html']}[/]"
+        f"[bold]{escape(str(result['report']))}[/] and [bold]{escape(str(result['html']))}[/]"
     )

@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the step drawn in the timeline (default: a median-length step)",
     )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="analyse the readable traces and list the bad ones with their reasons (default: "
+        "a bad file fails the whole analysis, exit 2)",
+    )
     p.add_argument("--parser", choices=("auto", "general"), default="auto", help=argparse.SUPPRESS)
     return p
 
@@ -123,7 +129,11 @@ def run(args: Sequence[str]) -> int:
     opts = _parser().parse_args(args)
     from scalelab.trace import analyze
 
-    report = analyze(opts.paths, keep_intervals=opts.plot is not None, parser=opts.parser)
+    report = analyze(
+        opts.paths, keep_intervals=opts.plot is not None, parser=opts.parser, skip_bad=opts.skip_bad
+    )
+    for path, reason in report.skipped:
+        print(f"scalelab trace: skipped {path}: {reason}", file=sys.stderr)
     if opts.cluster:
         _add_predictions(report, opts.cluster)
     written: list[Path] = []

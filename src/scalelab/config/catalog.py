@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from scalelab.config.hardware import ClusterParams, ClusterSpec, GPUSpec
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
+from scalelab.io import load_user_yaml
 
 
 @cache
@@ -42,12 +43,7 @@ def _read_yaml(field: str, path_text: str) -> dict[str, Any]:
     path = Path(path_text)
     if not path.is_file():
         raise InputError(field, f"no such file: {path_text}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise InputError(
-            field, f"{path_text} is not valid YAML ({exc.__class__.__name__})"
-        ) from None
+    data = load_user_yaml(field, path)
     if not isinstance(data, dict):
         raise InputError(field, f"{path_text} must hold a YAML mapping of fields")
     return data
@@ -100,6 +96,10 @@ def cluster_from_dict(data: dict[str, Any], default_name: str) -> ClusterSpec:
         raise InputError("cluster", "field 'gpu' must be a GPU name or a mapping of GPU fields")
     data.setdefault("nvlink_domain", data.get("gpus_per_node", 8))
     params = data.get("params") or {}
+    if not isinstance(params, dict):
+        raise InputError(
+            "cluster", f"{default_name}: params: must be a mapping of ClusterParams fields"
+        )
     try:
         data["params"] = ClusterParams(**params)
         return ClusterSpec(**data)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8"]
 
@@ -57,11 +58,25 @@ class GPUSpec(BaseModel):
     def is_gpu(self) -> bool:
         return self.device == "gpu"
 
+    @field_validator("peak_tflops")
+    @classmethod
+    def _positive_peaks(cls, peaks: dict[str, float]) -> dict[str, float]:
+        for precision, value in peaks.items():
+            if precision not in ("bf16", "fp16", "fp8"):
+                raise ValueError(f"'{precision}' is not a precision: give bf16, fp16 or fp8")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{precision}: must be a positive number of TFLOP/s, not {value}")
+        if "bf16" not in peaks and "fp16" not in peaks:
+            raise ValueError("give at least the bf16 or the fp16 peak")
+        return peaks
+
     def peak_flops(self, precision: str) -> float:
-        """Dense peak in FLOP/s for a training precision (fp16 rate where bf16/fp8 units are missing)."""
-        if precision in self.peak_tflops:
-            return self.peak_tflops[precision] * 1e12
-        return self.peak_tflops["fp16"] * 1e12
+        """Dense peak in FLOP/s for a training precision; where the GPU lists none for it (no fp8
+        units, or an inline GPU that gives one 16-bit rate) the 16-bit rate (bf16, else fp16)."""
+        for name in (precision, "bf16", "fp16"):
+            if name in self.peak_tflops:
+                return self.peak_tflops[name] * 1e12
+        raise KeyError(precision)  # unreachable: the validator asks for bf16 or fp16
 
     @property
     def hbm_bytes(self) -> float:
@@ -218,11 +233,15 @@ class ClusterSpec(BaseModel):
 
     name: str = Field(description="catalog name or the YAML file's stem")
     gpu: GPUSpec = Field(description="the accelerator: a gpus.yaml entry or an inline mapping")
-    gpus_per_node: int = Field(gt=0, description="GPUs per node (system datasheet)")
+    gpus_per_node: int = Field(gt=0, le=2**16, description="GPUs per node (system datasheet)")
     nvlink_domain: int = Field(
-        gt=0, description="GPUs joined by NVLink/NVSwitch (8 on DGX nodes, 72 on GB200 NVL72)"
+        gt=0,
+        le=2**20,
+        description="GPUs joined by NVLink/NVSwitch (8 on DGX nodes, 72 on GB200 NVL72)",
     )
-    nics_per_node: int = Field(gt=0, description="compute-network NICs per node (datasheet)")
+    nics_per_node: int = Field(
+        gt=0, le=2**10, description="compute-network NICs per node (datasheet)"
+    )
     nic_gbps: float = Field(
         gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
     )
@@ -240,6 +259,7 @@ class ClusterSpec(BaseModel):
     max_gpus: int = Field(
         default=1_000_000,
         gt=0,
+        le=2**20,
         description="the largest job the predictor accepts on this cluster (1,000,000 by default: "
         "a modelling scope, not a site's size)",
     )

@@ -40,6 +40,13 @@ PRECISIONS: tuple[str, ...] = Precision.names()
 ATTENTIONS: tuple[str, ...] = AttentionKernel.names()
 
 
+# Stated limits (far above any real job) so that products of them stay exact in int64/float64:
+# beyond them a prediction would overflow into 0 or negative throughput.
+MAX_GPUS = 2**20
+MAX_GLOBAL_BATCH = 2**24
+MAX_SEQ_LEN = 2**24
+
+
 class Layout(BaseModel):
     """One parallelism layout of a job on `gpus` GPUs (degrees multiply to `gpus`).
 
@@ -56,17 +63,20 @@ class Layout(BaseModel):
 
     gpus: int = Field(
         gt=0,
+        le=MAX_GPUS,
         description="GPUs in the job (all ranks); the degrees tp x pp x cp x dp multiply to it. "
         "Set by the user (--gpus) or by a sweep's GPU list.",
     )
     global_batch: int = Field(
         gt=0,
+        le=MAX_GLOBAL_BATCH,
         description="sequences per optimizer step, over all data-parallel ranks; a multiple of "
         "dp x micro_batch. Default: `Layout.default_global_batch` (one micro-batch per "
         "data-parallel rank, pp of them when pipelined).",
     )
     seq_len: int = Field(
         gt=0,
+        le=MAX_SEQ_LEN,
         description="tokens per sequence. Default: the model's context length (ModelSpec.seq_len).",
     )
     sharding: Sharding = Field(
@@ -197,7 +207,7 @@ class Layout(BaseModel):
             usable = all(isinstance(v, int) and v > 0 for v in degrees.values())
             # With a bad degree the batch is a placeholder: validation below names the degree.
             default = cls.default_global_batch(gpus, **degrees) if usable else 1
-            values["global_batch"] = global_batch or default
+            values["global_batch"] = default if global_batch is None else global_batch
         try:
             return cls(**values)
         except ValidationError as exc:

@@ -18,15 +18,16 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    n_layers: int = Field(gt=0)
-    d_model: int = Field(gt=0)
-    n_heads: int = Field(gt=0)
-    n_kv_heads: int = Field(gt=0)
-    d_ff: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+    # Upper bounds (far above any real model) keep parameter and FLOP counts exact in int64.
+    n_layers: int = Field(gt=0, le=2**16)
+    d_model: int = Field(gt=0, le=2**20)
+    n_heads: int = Field(gt=0, le=2**16)
+    n_kv_heads: int = Field(gt=0, le=2**16)
+    d_ff: int = Field(gt=0, le=2**22)
+    vocab_size: int = Field(gt=0, le=2**24)
     ffn: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: bool = False
-    seq_len: int = Field(gt=0)
+    seq_len: int = Field(gt=0, le=2**24)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False
     position: Literal["rope", "learned"] = "rope"

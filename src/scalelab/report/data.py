@@ -191,14 +191,62 @@ def load(directory: str | Path) -> list[tuple[Path, Record]]:
     return out
 
 
+def _gpus(path: Path, value: Any) -> int:
+    """A record's GPU count (0 when absent); an InputError naming the record when it is no count."""
+    if value is None:
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**31:
+        return value
+    raise InputError(f"{path}: layout.gpus", f"must be a whole number of GPUs, not {value!r:.40}")
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) < 2**63
+
+
+def _check_numbers(path: Path, record: Record) -> None:
+    """An InputError naming the record and field for a measurement that is there but no number
+    (a missing one or a NaN is a measurement not made: it is left out, not refused)."""
+    for key in ("steps", "tokens_per_step"):
+        value = record.workload.get(key)
+        if value is not None and not (_is_number(value) and value > 0):
+            raise InputError(
+                f"{path}: workload.{key}", f"must be a positive number, not {value!r:.40}"
+            )
+    repeats = record.measurements.get("repeats") if record.measurements else None
+    if repeats is None:
+        return
+    if not isinstance(repeats, list):
+        raise InputError(f"{path}: measurements.repeats", "must be a list of repeats")
+    for i, rep in enumerate(repeats):
+        if not isinstance(rep, dict):
+            raise InputError(f"{path}: measurements.repeats[{i}]", "must be a mapping of metrics")
+        for key in (*METRIC_KEYS, "window_s"):
+            value = rep.get(key)
+            for x in value if isinstance(value, list) else [value]:
+                if x is not None and not _is_number(x):
+                    raise InputError(
+                        f"{path}: measurements.repeats[{i}].{key}",
+                        f"must be a number, not {x!r:.40}",
+                    )
+
+
 def observations(records: Sequence[tuple[Path, Record]]) -> list[Observation]:
     obs = []
     for path, record in records:
         layout = record.layout or {}
         tags = record.workload.get("tags") or {}
-        gpus = int(layout.get("gpus") or 0)
+        if not isinstance(tags, dict):
+            raise InputError(f"{path}: workload.tags", "must be a mapping of tag to value")
+        gpus = _gpus(path, layout.get("gpus"))
         label = _label(layout, record.workload)
         series = tags.get("series") or [label]
+        if isinstance(series, (str, int, float)):  # one tag, not a list of one (nor of characters)
+            series = [series]
+        elif not isinstance(series, list):
+            raise InputError(f"{path}: workload.tags.series", "must be a string or a list of them")
         o = Observation(
             path=path,
             record=record,
@@ -210,6 +258,7 @@ def observations(records: Sequence[tuple[Path, Record]]) -> list[Observation]:
             status=record.status,
         )
         if record.status == "ok" and gpus:
+            _check_numbers(path, record)
             o.values = _per_repeat(record)
         obs.append(o)
     return obs

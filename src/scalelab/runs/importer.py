@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from scalelab.config.catalog import cluster_names, load_cluster, load_gpu
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
+from scalelab.io import csv_records, read_user_text
 from scalelab.runs import rules
 from scalelab.runs.schema import FlopFormula, MeasuredQuantity, Run
 
@@ -79,12 +80,12 @@ class ReviewEntry:
 
 def read_review(text: str, where: str = "review") -> list[ReviewEntry]:
     """A review sheet: columns where (`col~regex & col!~regex`), column, value, kind, reason."""
-    reader = csv.DictReader(io.StringIO(text))
+    fieldnames, records = csv_records(text, where)
     need = {"where", "column", "value", "kind", "reason"}
-    if not need <= set(reader.fieldnames or []):
+    if not need <= set(fieldnames):
         raise InputError(where, f"review sheet needs the columns {', '.join(sorted(need))}")
     entries = []
-    for line, rec in enumerate(reader, start=2):
+    for line, rec in enumerate(records, start=2):
         conds = []
         for part in (rec["where"] or "").split(" & "):
             m = re.match(r"^\s*([a-z_]+)\s*(!?~)\s*(.*?)\s*$", part)
@@ -631,13 +632,13 @@ def read_row(index: int, raw: dict[str, str], review: list[ReviewEntry] | None =
 
 
 def read_raw_csv(text: str, where: str = "data") -> list[dict[str, str]]:
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    fieldnames, records = csv_records(text, where)
+    missing = [c for c in REQUIRED_COLUMNS if c not in fieldnames]
     if missing:
         raise InputError(
             where, f"CSV lacks the columns {', '.join(missing)} (schema of published_runs.csv)"
         )
-    return list(reader)
+    return records
 
 
 def import_rows(
@@ -651,8 +652,8 @@ def import_file(raw_path: Path, review_path: Path | None = None) -> list[Reading
     for path, what in ((raw_path, "data"), (review_path, "review")):
         if path is not None and not path.is_file():
             raise InputError(what, f"no such file: {path}")
-    review = read_review(review_path.read_text()) if review_path else []
-    return import_rows(read_raw_csv(raw_path.read_text()), review)
+    review = read_review(read_user_text("review", review_path)) if review_path else []
+    return import_rows(read_raw_csv(read_user_text("data", raw_path)), review)
 
 
 def write_skipped(readings: list[Reading], path: Path | None = None) -> str:

@@ -23,6 +23,7 @@ from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Attention, Layout, Recompute, Schedule, Sharding
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
+from scalelab.io import csv_records
 
 SCHEMA_VERSION = 1
 
@@ -76,7 +77,10 @@ RECIPE_TO_LAYOUT_PRECISION: dict[str, str | None] = {
 class Run(BaseModel):
     """One measured training run, every value explicit (the reading rules are in docs/runs.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=True)
+    # allow_inf_nan=False: an inf or NaN measurement would make the validation's MAPE null
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_enum_values=True, allow_inf_nan=False
+    )
 
     # Identity and provenance -------------------------------------------------------------------
     row: int = Field(ge=0, description="0-based data row of the raw CSV this run was read from")
@@ -266,11 +270,11 @@ def is_typed_header(fieldnames: Sequence[str] | None) -> bool:
 
 def read_runs(text: str, where: str = "data") -> list[Run]:
     """Runs from typed CSV text; a bad cell is one InputError naming the row and field."""
-    reader = csv.DictReader(io.StringIO(text))
-    if not is_typed_header(reader.fieldnames):
+    fieldnames, records = csv_records(text, where)
+    if not is_typed_header(fieldnames):
         raise InputError(where, "not a typed runs file (first column must be schema_version)")
     runs = []
-    for line, record in enumerate(reader, start=2):
+    for line, record in enumerate(records, start=2):
         version = record.pop("schema_version", "")
         if version != str(SCHEMA_VERSION):
             raise InputError(

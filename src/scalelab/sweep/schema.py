@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from scalelab.config.layout import Layout
 from scalelab.errors import InputError
+from scalelab.io import load_user_yaml
 
 _SAFE_SLURM = re.compile(r"[\x00\n\r\\]")
 # Layout fields a template leaves to the sweep: the scale sets gpus, the sweep seq_len.
@@ -153,10 +153,7 @@ def load_sweep(path: str | Path) -> tuple[SweepFile, Path]:
     p = Path(path)
     if not p.is_file():
         raise InputError("sweep", f"no such file: {p}")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise InputError("sweep", f"{p} is not valid YAML ({exc.__class__.__name__})") from None
+    data = load_user_yaml("sweep", p)
     if not isinstance(data, dict):
         raise InputError("sweep", f"{p} must hold a YAML mapping (models, nodes, layouts, ...)")
     try:

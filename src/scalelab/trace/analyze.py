@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from scalelab.errors import InputError
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
@@ -35,17 +36,39 @@ def analyze(
     *,
     keep_intervals: bool = False,
     parser: Parser = "auto",
+    skip_bad: bool = False,
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
-    Raises `InputError` (one line naming the file and what is wrong) for anything unreadable.
+    Raises `InputError` (one line naming the file and what is wrong) for anything unreadable: by
+    default a bad file fails the whole analysis (every file is tried, so the line says how many
+    are bad). `skip_bad=True` analyses the good files and lists the bad ones with their reasons
+    in `TraceReport.skipped`; it still fails when no file is good.
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
     `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
-    ranks = [analyze_file(f, keep_intervals=keep_intervals, parser=parser) for f in files]
+    ranks: list[RankReport] = []
+    bad: list[tuple[Path, InputError]] = []
+    for f in files:
+        try:
+            ranks.append(analyze_file(f, keep_intervals=keep_intervals, parser=parser))
+        except InputError as exc:
+            bad.append((f, exc))
+    if bad and (not skip_bad or not ranks):
+        first = bad[0][1]
+        more = (
+            f" (and {len(bad) - 1} more bad file{'s' if len(bad) > 2 else ''} of {len(files)}: "
+            + ", ".join(p.name for p, _ in bad[1:4])
+            + (", ..." if len(bad) > 4 else "")
+            + ")"
+            if len(bad) > 1
+            else ""
+        )
+        hint = f"; --skip-bad analyses the {len(ranks)} good one(s)" if ranks else ""
+        raise InputError(first.field, f"{first.message}{more}{hint}")
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
     stragglers = _stragglers(ranks)
     if (
@@ -59,6 +82,7 @@ def analyze(
         ranks=ranks,
         summary=summarise(ranks, straggler=None if stragglers is None else stragglers.straggler),
         stragglers=stragglers,
+        skipped=[(str(p), str(exc).removeprefix(f"{p}: ")) for p, exc in bad],
     )
 
 

@@ -482,6 +482,11 @@ def _numbers(
 ) -> NDArray[np.float64]:
     """A numeric field as float64 (NaN where absent); a required `ts` raises KeyError if absent."""
     try:
+        if events and type(events[0]) is dict:  # parsed JSON: a boolean would read as 0 or 1
+            values = list(map(get(key), events))
+            if bool in set(map(type, values)):
+                raise ValueError(f"a '{key}' is true or false, not a number")
+            return np.fromiter(values, np.float64, len(values))
         return np.fromiter(map(get(key), events), np.float64, len(events))
     except KeyError:
         if key == "ts":
@@ -629,13 +634,26 @@ def _cpu_collective_labels(
 _COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
+# Timestamps and durations beyond 2^53 µs (the year 2255 since the epoch) are refused: a double no
+# longer holds whole microseconds there, and in nanoseconds they near int64's end (2^63).
+MAX_TIME_US = float(2**53)
+
+
 def _ns_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
     """start = round(ts * 1000), end = start + round(dur * 1000): microsecond floats to integer
     nanoseconds; bad durations are 0."""
+    for values in (ts, dur):
+        if not isinstance(values, np.ndarray) and bool in set(map(type, values)):
+            raise ValueError("a timestamp or duration is true or false, not a number")
     ts_arr = np.asarray(ts, dtype=np.float64)
     if not np.isfinite(ts_arr).all():
         raise ValueError("a timestamp is not a finite number")
-    dur_arr = np.rint(np.asarray(dur, dtype=np.float64) * 1000.0)
+    if ts_arr.size and np.abs(ts_arr).max() > MAX_TIME_US:
+        raise ValueError(f"a timestamp is beyond ±{MAX_TIME_US:.0f} µs")
+    dur_raw = np.asarray(dur, dtype=np.float64)
+    if dur_raw.size and np.nanmax(np.abs(dur_raw), initial=0.0) > MAX_TIME_US:
+        raise ValueError(f"a duration is beyond {MAX_TIME_US:.0f} µs")
+    dur_arr = np.rint(dur_raw * 1000.0)
     dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
     start = us_to_ns(ts_arr)
     return start, start + dur_arr.astype(np.int64)
@@ -768,8 +786,8 @@ def _collectives_from_annotations(
 
 # The fields the analysis reads from an event: type, what to call it, required.
 _EVENT_FIELDS: tuple[tuple[str, tuple[type, ...], str, bool], ...] = (
-    ("ts", (int, float), "a finite number (microseconds)", True),
-    ("dur", (int, float), "a finite number (microseconds)", False),
+    ("ts", (int, float), f"a finite number of microseconds within ±{2**53}", True),
+    ("dur", (int, float), f"a finite number of microseconds within ±{2**53}", False),
     ("name", (str,), "a string", False),
     ("cat", (str,), "a string", False),
     ("args", (dict,), "a JSON object", False),
@@ -801,7 +819,9 @@ def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
             if value is None and not required:
                 continue
             bad_number = key in ("ts", "dur") and (
-                isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value))
+                isinstance(value, bool)
+                or (isinstance(value, float) and not math.isfinite(value))
+                or (isinstance(value, (int, float)) and abs(value) > MAX_TIME_US)
             )
             if not isinstance(value, types) or bad_number:
                 return InputError(f"{where}[{i}].{key}", f"must be {what}, not {value!r:.40}")

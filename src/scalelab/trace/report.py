@@ -268,15 +268,20 @@ class TraceReport:
     ranks: list[RankReport]
     summary: Summary
     stragglers: StragglerReport | None = None  # two or more ranks with matched collectives
+    # files left out with `skip_bad` (path, why), in the order given; empty otherwise
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        document = {
             "schema": "scalelab.trace/2",
             "units": "nanoseconds (integers) where the name ends in _ns; GB/s = 1e9 bytes/s",
             "ranks": [r.to_dict() for r in self.ranks],
             "summary": self.summary.to_dict(),
             "stragglers": None if self.stragglers is None else self.stragglers.to_dict(),
         }
+        if self.skipped:
+            document["skipped"] = [{"path": p, "reason": why} for p, why in self.skipped]
+        return document
 
     def model_dump(self) -> dict[str, Any]:
         """The JSON-ready document (`to_dict`), under the name the bench harness stores."""

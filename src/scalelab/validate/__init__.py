@@ -112,6 +112,13 @@ def run_validation(
     predicted = predict_cases_full(cases)
     tps = predicted["tokens_per_s_per_gpu"]
     actual = measured(cases)
+    bad = np.flatnonzero(~(np.isfinite(actual) & (actual > 0)))
+    if bad.size:  # a Run cannot hold one; a guard against a negative MAPE or a null one
+        case = cases[int(bad[0])]
+        raise InputError(
+            f"data: row {case.index}: tokens_per_s_per_gpu",
+            f"must be a positive finite number, not {actual[bad[0]]}",
+        )
     ape = np.abs(tps - actual) / actual
     sources = [c.source for c in cases]
     rhos = sweep_spearman([c.sweep for c in cases], tps, actual)

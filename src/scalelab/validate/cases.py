@@ -22,6 +22,7 @@ from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, rule_violations
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
+from scalelab.io import read_user_text
 from scalelab.perf.predict import predict
 from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review
 from scalelab.runs.schema import Run, is_typed_header, read_runs
@@ -92,13 +93,13 @@ def load_runs(
         return runs, [(int(r["row"]), r["reason"]) for r in records]
     if not data.is_file():
         raise InputError("data", f"no such file: {data}")
-    text = data.read_text()
+    text = read_user_text("data", data)
     first = text.splitlines()[0] if text.strip() else ""
     if is_typed_header(first.split(",")):
         return read_runs(text, "data"), []
     if review is not None and not review.is_file():
         raise InputError("review", f"no such file: {review}")
-    entries = read_review(review.read_text()) if review else []
+    entries = read_review(read_user_text("review", review)) if review else []
     readings = import_rows(read_raw_csv(text), entries)
     runs = [r.run for r in readings if r.run is not None]
     return runs, [(r.row, r.skipped) for r in readings if r.skipped]
