@@ -20,6 +20,7 @@ from scalelab.studies.common import (
     fsdp_at,
     load,
     predict_fitting,
+    with_overrides,
 )
 
 CROSSOVER_GPUS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -149,7 +150,7 @@ def _mp_best(a: Assumptions, gpus: int, tps: list[int], pps: list[int]) -> dict[
 def _fsdp(a: Assumptions, gpus: int, cluster_name: str | None = None) -> dict[str, Any]:
     model, cluster = load(a)
     if cluster_name is not None:
-        cluster = load_cluster(cluster_name)
+        cluster = with_overrides(load_cluster(cluster_name), a.cluster_overrides)
     return predict_fitting(model, cluster, fsdp_at(gpus, a))
 
 
@@ -257,6 +258,39 @@ SENSITIVITY = (
     {"sequences_per_gpu": 1, "seq_len": 4096, "hardware_scale_gpus": 8},
     {"sequences_per_gpu": 1, "seq_len": 4096, "hardware_scale_gpus": 256},
 )
+
+
+# Uncertain parameters, each moved by its stated uncertainty (docs/calibration.md).
+PARAMETER_SENSITIVITY: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+    ("NCCL channels 16 (of 24; A100 traces show 16-24)", (("params.nccl_channels", 16),)),
+    ("NCCL channels 32 (DGX H100 uses up to 32)", (("params.nccl_channels", 32),)),
+    ("AMD hosts (network overhead 2 µs, not 1)", (("host_cpu", "amd"),)),
+    (
+        "network ring step 2 x NCCL's 14 µs (Figure 2's tree levels sit above NCCL's nominal)",
+        (("params.net_step_latency_us", 28.0),),
+    ),
+    ("compute power 0.80 of TDP - idle (not 0.85)", (("params.compute_power_fraction", 0.80),)),
+    ("compute power 0.90 of TDP - idle", (("params.compute_power_fraction", 0.90),)),
+)
+
+
+def parameter_sensitivity(
+    a: Assumptions = DEFAULT, progress: Callable[[str], None] = lambda s: None
+) -> list[dict[str, Any]]:
+    """The findings when each uncertain parameter moves by its stated uncertainty."""
+    rows = []
+    for label, overrides in PARAMETER_SENSITIVITY:
+        progress(f"parameter sensitivity: {label}")
+        found = compute(replace(a, cluster_overrides=a.cluster_overrides + overrides))
+        rows.append(
+            {
+                "assumption": label,
+                "chosen": False,
+                **{f.id: f.predicted_text for f in found if f.id <= "F7"},
+                "within": sum(f.within for f in found if f.id <= "F7"),
+            }
+        )
+    return rows
 
 
 def sensitivity(
