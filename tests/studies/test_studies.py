@@ -49,11 +49,12 @@ def test_findings_reproduce_the_direction_of_the_study(paper) -> None:
     f = {x["id"]: x for x in doc["findings"]}
     assert f["F1"]["predicted"] < -20  # per-GPU throughput falls at scale
     assert f["F1"]["predicted"] < f["F2"]["predicted"] < 0  # power falls less than throughput
-    assert f["F3"]["predicted"] > 20  # TP beats FSDP at 2048
+    assert f["F3"]["predicted"] > 0  # TP beats the best pure FSDP at 2048
     assert f["F4"]["predicted"] > f["F5"]["predicted"]  # A100 MFU above H100's
-    # Issue 11 (mechanisms instead of fits from findings): 5 of 9 within, F1 and F3 predicted.
-    assert sum(x["within"] for x in doc["findings"]) >= 5
-    assert f["F1"]["within"] and f["F3"]["within"] and f["F1"]["basis"] == "predicted"
+    # Issue 11 (mechanisms instead of fits from findings; the FSDP arm searched like the TP/PP
+    # arm): 4 of 9 within, F1 predicted.
+    assert sum(x["within"] for x in doc["findings"]) >= 4
+    assert f["F1"]["within"] and f["F1"]["basis"] == "predicted"
 
 
 def test_each_finding_carries_its_basis_from_the_data_file(paper) -> None:

@@ -29,6 +29,9 @@ class Assumptions:
     strong_scaling_global_batch: int = 32
     mp_grid_gpus: int = 256
     mp_grid_global_batch: int = 512
+    # Cluster fields moved within their stated uncertainty (the parameter sensitivity table):
+    # ("host_cpu", "amd") or ("params.nccl_channels", 16); empty for the catalog's values.
+    cluster_overrides: tuple[tuple[str, Any], ...] = ()
 
     def lines(self) -> list[str]:
         return [
@@ -157,8 +160,19 @@ def best_layout(
     return result.top[0] if result.top else None
 
 
+def with_overrides(cluster: ClusterSpec, overrides: tuple[tuple[str, Any], ...]) -> ClusterSpec:
+    """The cluster with `overrides` applied (`params.NAME` for a predictor parameter)."""
+    for name, value in overrides:
+        if name.startswith("params."):
+            params = cluster.params.model_copy(update={name.split(".", 1)[1]: value})
+            cluster = cluster.model_copy(update={"params": params})
+        else:
+            cluster = cluster.model_copy(update={name: value})
+    return cluster
+
+
 def load(a: Assumptions = DEFAULT) -> tuple[ModelSpec, ClusterSpec]:
-    return load_model(a.model), load_cluster(a.cluster)
+    return load_model(a.model), with_overrides(load_cluster(a.cluster), a.cluster_overrides)
 
 
 def write_report(out: Path, title: str, sections: list[str]) -> Path:
