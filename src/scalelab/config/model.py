@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalelab.config.options import Recompute
+from scalelab.errors import InputError
 
 ArrayLike = int | float | np.ndarray
 
@@ -33,9 +34,110 @@ class ModelSpec(BaseModel):
     position: Literal["rope", "learned"] = "rope"
     source: str = ""
 
+    # Attention variants (defaults: standard multi-head / grouped-query attention). -------------
+    d_head: int | None = Field(
+        default=None,
+        gt=0,
+        le=2**16,
+        description="Width of one Q/K/V head (elements) when it is not d_model / n_heads "
+        "(Qwen3: 128 with d_model 2048 and 32 heads); None means d_model / n_heads.",
+    )
+    qk_norm: bool = Field(
+        default=False,
+        description="RMSNorm with a learned weight (d_head elements each) on queries and keys "
+        "per layer (Qwen3). Llama 4's QK norm is an L2 norm without weights: false.",
+    )
+    attention: Literal["gqa", "mla"] = Field(
+        default="gqa",
+        description="gqa: multi-head / grouped-query attention from n_heads, n_kv_heads and the "
+        "head width; mla: multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434), shaped by "
+        "q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim.",
+    )
+    q_lora_rank: int = Field(
+        default=0,
+        ge=0,
+        le=2**20,
+        description="MLA: rank (elements) of the low-rank query projection d_model -> q_lora_rank "
+        "-> heads; 0 means a full-rank query projection.",
+    )
+    kv_lora_rank: int = Field(
+        default=0,
+        ge=0,
+        le=2**20,
+        description="MLA: width (elements) of the compressed key/value latent that is cached.",
+    )
+    qk_nope_head_dim: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="MLA: per-head query/key width (elements) without rotary position embedding.",
+    )
+    qk_rope_head_dim: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="MLA: per-head query/key width (elements) with rotary embedding; the key part "
+        "is one decoupled head shared by all heads.",
+    )
+    v_head_dim: int = Field(
+        default=0, ge=0, le=2**16, description="MLA: per-head value width (elements)."
+    )
+
+    # Mixture of experts (defaults: a dense model). ------------------------------------------
+    n_experts: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="Routed experts in each MoE layer (count); 0 means a dense model.",
+    )
+    experts_per_token: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="Routed experts each token is sent to (top-k, count).",
+    )
+    n_shared_experts: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="Shared experts every token passes through in each MoE layer (count), each "
+        "d_ff_expert wide.",
+    )
+    d_ff_expert: int | None = Field(
+        default=None,
+        gt=0,
+        le=2**22,
+        description="Hidden width (elements) of one routed or shared expert's FFN; None means "
+        "d_ff. d_ff stays the width of the dense layers' FFN.",
+    )
+    first_dense_layers: int = Field(
+        default=0,
+        ge=0,
+        le=2**16,
+        description="Leading layers (count) with a dense FFN instead of experts (DeepSeek-V3: 3).",
+    )
+    moe_layer_step: int = Field(
+        default=1,
+        gt=0,
+        le=2**16,
+        description="Interleave step after the dense first layers: layer i (0-based) is MoE when "
+        "(i - first_dense_layers + 1) % moe_layer_step == 0 (Hugging Face's decoder_sparse_step / "
+        "interleave_moe_layer_step); 1 means every layer, 2 every second (Llama 4 Maverick).",
+    )
+    router: Literal["softmax", "sigmoid"] = Field(
+        default="softmax",
+        description="Router scoring over the experts: a linear d_model -> n_experts without "
+        "bias, then softmax (Mixtral, Qwen3) or sigmoid (DeepSeek-V3, Llama 4) before top-k.",
+    )
+    router_bias: bool = Field(
+        default=False,
+        description="A learned per-expert bias added to the scores for top-k selection only "
+        "(DeepSeek-V3's auxiliary-loss-free balancing: n_experts parameters per MoE layer).",
+    )
+
     @model_validator(mode="after")
     def _check_shape(self) -> ModelSpec:
-        if self.d_model % self.n_heads:
+        if self.d_head is None and self.attention == "gqa" and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
@@ -43,11 +145,74 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
             )
+        if self.attention == "mla":
+            for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, f) <= 0:
+                    raise ValueError(f"attention mla needs {f} > 0")
+        if self.n_experts:
+            if not 0 < self.experts_per_token <= self.n_experts:
+                raise ValueError(
+                    f"experts_per_token ({self.experts_per_token}) must be 1 to n_experts "
+                    f"({self.n_experts})"
+                )
+            if self.n_moe_layers == 0:
+                raise ValueError("n_experts > 0 but no layer is MoE (first_dense_layers too large)")
+        elif self.experts_per_token or self.n_shared_experts or self.router_bias:
+            raise ValueError("experts_per_token, n_shared_experts, router_bias need n_experts > 0")
         return self
+
+    # Mixture of experts. ---------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i (0-based) has experts instead of a dense FFN."""
+        j = i - self.first_dense_layers
+        return self.is_moe and j >= 0 and (j + 1) % self.moe_layer_step == 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.n_layers)) if self.is_moe else 0
+
+    @property
+    def expert_width(self) -> int:
+        return self.d_ff if self.d_ff_expert is None else self.d_ff_expert
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's FFN parameters (routed and shared experts alike)."""
+        return self._ffn_params(self.expert_width)
+
+    @property
+    def router_params(self) -> int:
+        """One MoE layer's router: the d_model x n_experts gate, plus the selection bias."""
+        return self.n_experts * self.d_model + (self.n_experts if self.router_bias else 0)
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One MoE layer: attention, router, every routed and shared expert, two norms."""
+        experts = (self.n_experts + self.n_shared_experts) * self.expert_params
+        return self.attention_params + self.router_params + experts + 2 * self.norm_params
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """One MoE layer's parameters one token uses: the top-k routed and the shared experts."""
+        experts = (self.experts_per_token + self.n_shared_experts) * self.expert_params
+        return self.attention_params + self.router_params + experts + 2 * self.norm_params
+
+    def require_dense(self, what: str) -> None:
+        """Refuse a MoE model where only dense training is modelled (issue 16)."""
+        if self.is_moe:
+            raise InputError(
+                "model",
+                f"{self.name} is a mixture-of-experts model ({self.n_experts} experts, "
+                f"top-{self.experts_per_token}): MoE training is not {what} yet",
+            )
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.d_head is None else self.d_head
 
     @property
     def kv_dim(self) -> int:
@@ -68,15 +233,41 @@ class ModelSpec(BaseModel):
     @property
     def attention_params(self) -> int:
         d = self.d_model
-        weights = 2 * d * d + 2 * d * self.kv_dim
-        biases = (2 * d + 2 * self.kv_dim) if self.bias else 0
-        return weights + biases
+        if self.attention == "mla":
+            return self._mla_params
+        if self.d_head is None and not self.qk_norm:
+            weights = 2 * d * d + 2 * d * self.kv_dim
+            biases = (2 * d + 2 * self.kv_dim) if self.bias else 0
+            return weights + biases
+        q_dim = self.n_heads * self.head_dim
+        weights = 2 * d * q_dim + 2 * d * self.kv_dim
+        biases = (q_dim + 2 * self.kv_dim + d) if self.bias else 0
+        qk_norms = 2 * self.head_dim if self.qk_norm else 0
+        return weights + biases + qk_norms
+
+    @property
+    def _mla_params(self) -> int:
+        """Multi-head latent attention as in Hugging Face's DeepseekV3Attention (no biases)."""
+        d, h = self.d_model, self.n_heads
+        qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.q_lora_rank:
+            q = d * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * h * qk_head
+        else:
+            q = d * h * qk_head
+        kv_a = d * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_b = self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
+        out = h * self.v_head_dim * d
+        return q + kv_a + kv_b + out
+
+    def _ffn_params(self, width: int) -> int:
+        n_mats = 3 if self.ffn == "swiglu" else 2
+        biases = (width + self.d_model) if self.bias else 0
+        return n_mats * self.d_model * width + biases
 
     @property
     def mlp_params(self) -> int:
-        n_mats = 3 if self.ffn == "swiglu" else 2
-        biases = (self.d_ff + self.d_model) if self.bias else 0
-        return n_mats * self.d_model * self.d_ff + biases
+        """A dense layer's FFN, d_ff wide."""
+        return self._ffn_params(self.d_ff)
 
     @property
     def norm_params(self) -> int:
@@ -99,8 +290,24 @@ class ModelSpec(BaseModel):
 
     @property
     def n_params(self) -> int:
+        """Total parameters (every expert counted)."""
+        moe = self.n_moe_layers
         return (
-            self.n_layers * self.layer_params
+            (self.n_layers - moe) * self.layer_params
+            + moe * self.moe_layer_params
+            + self.input_embedding_params
+            + self.output_params
+            + self.norm_params
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: total for a dense model; for a MoE model, only its top-k
+        routed experts (plus the shared ones) in each MoE layer."""
+        moe = self.n_moe_layers
+        return (
+            (self.n_layers - moe) * self.layer_params
+            + moe * self.moe_layer_active_params
             + self.input_embedding_params
             + self.output_params
             + self.norm_params
@@ -109,9 +316,11 @@ class ModelSpec(BaseModel):
     # FLOPs, MFU and HFU: defined here once, used by the predictor and the harness. -----------
     @property
     def dense_params(self) -> int:
-        """Parameters that do matmul work per token: all but the input embedding (a lookup); with
-        tied embeddings the shared matrix still does the LM head's work, so it is counted."""
-        dense = self.n_params - self.input_embedding_params
+        """Parameters that do matmul work per token: all ACTIVE parameters (for a MoE model, the
+        top-k routed and the shared experts, and the router) but the input embedding (a lookup);
+        with tied embeddings the shared matrix still does the LM head's work, so it is counted.
+        For a dense model active = total parameters."""
+        dense = self.active_params - self.input_embedding_params
         if self.tied_embeddings:
             dense += self.vocab_size * self.d_model
         return dense
@@ -121,16 +330,37 @@ class ModelSpec(BaseModel):
         attention) over all layers: 4 · layers · d_model · seq_len (full-attention convention, as
         PaLM, Megatron and torchtitan count it; causal kernels do about half)."""
         s = self.seq_len if seq_len is None else seq_len
-        return 4.0 * self.n_layers * self.d_model * s
+        if self.attention == "gqa" and self.d_head is None:
+            return 4.0 * self.n_layers * self.d_model * s
+        return 2.0 * self.n_layers * self.attention_core_width * s
+
+    @property
+    def attention_core_width(self) -> int:
+        """Summed per-token widths of QK^T and scores x V over the heads: n_heads · (query/key
+        head width + value head width); 2 · d_model for standard attention. For MLA, the
+        query/key head is qk_nope_head_dim + qk_rope_head_dim wide, the value head v_head_dim."""
+        if self.attention == "mla":
+            qk, v = self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
+        else:
+            qk = v = self.head_dim
+        return self.n_heads * (qk + v)
 
     def model_flops_per_token(self, seq_len: ArrayLike | None = None) -> Any:
         """Training FLOPs per token: 6·(params − input embedding) + 12·layers·d_model·seq_len.
 
         Forward and backward (2 + 4 FLOPs per dense parameter) plus three times the attention
         core's forward. The numerator of MFU. `seq_len` may be an array.
+
+        MoE and MLA models, in the same convention: `params` are the ACTIVE parameters (top-k
+        routed + shared experts + router; `dense_params`), and the attention term is
+        6·layers·seq_len·n_heads·(qk head width + v head width) (`attention_core_width`), which
+        is 12·layers·d_model·seq_len when the heads span d_model. Full attention is counted in
+        every layer (Llama 4's chunked-attention layers do less).
         """
         s = self.seq_len if seq_len is None else seq_len
-        return 6.0 * self.dense_params + 12.0 * self.n_layers * self.d_model * s
+        if self.attention == "gqa" and self.d_head is None:
+            return 6.0 * self.dense_params + 12.0 * self.n_layers * self.d_model * s
+        return 6.0 * self.dense_params + 3.0 * self.attention_core_forward_flops_per_token(s)
 
     def recompute_flops_per_token(
         self, recompute: str | np.ndarray, seq_len: ArrayLike | None = None
