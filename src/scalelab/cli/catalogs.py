@@ -22,15 +22,24 @@ def register(app: typer.Typer) -> None:
 
 
 def models(json_out: JsonOpt = False) -> None:
-    """List the model catalog: shapes, exact parameter counts and sources."""
+    """List the model catalog: shapes, exact parameter counts (total and active) and sources.
+
+    Mixture-of-experts models are listed; predict, search and bench refuse them for now."""
     specs = [load_model(name) for name in model_names()]
     if json_out:
-        print_json([{**s.model_dump(), "n_params": s.n_params} for s in specs])
+        print_json(
+            [
+                {**s.model_dump(), "n_params": s.n_params, "active_params": s.active_params}
+                for s in specs
+            ]
+        )
         return
     table = Table(title="models (any other: a YAML file with the same fields)")
     for col in (
         "name",
         "params",
+        "active",
+        "experts",
         "layers",
         "d_model",
         "heads",
@@ -45,6 +54,8 @@ def models(json_out: JsonOpt = False) -> None:
         table.add_row(
             s.name,
             f"{s.n_params:,}",
+            f"{s.active_params:,}",
+            f"{s.experts_per_token}/{s.n_experts}+{s.n_shared_experts}" if s.is_moe else "-",
             str(s.n_layers),
             str(s.d_model),
             str(s.n_heads),
@@ -55,6 +66,10 @@ def models(json_out: JsonOpt = False) -> None:
             str(s.seq_len),
         )
     console.print(table)
+    console.print(
+        "experts: top-k / routed + shared. MoE models: predict, search and bench refuse them "
+        "until expert parallelism is modelled and measured."
+    )
 
 
 def hardware(json_out: JsonOpt = False) -> None:

@@ -40,6 +40,7 @@ def predict(
     The layout flags are generated from `scalelab.config.Layout`'s fields.
     """
     spec = load_model(model)
+    spec.require_dense("modelled by the predictor")
     cluster_spec = load_cluster(cluster)
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len

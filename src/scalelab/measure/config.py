@@ -62,6 +62,7 @@ def under_torchrun() -> bool:
 
 def check_model(model: ModelSpec) -> None:
     """The harness builds Llama-style decoders only; say which field rules a model out."""
+    model.require_dense("measured by the harness")  # expert parallelism: issue 16
     unsupported = {
         "ffn": (model.ffn, "swiglu"),
         "norm": (model.norm, "rmsnorm"),

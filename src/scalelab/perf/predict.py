@@ -155,6 +155,7 @@ class StepContext:
 
 
 def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> StepContext:
+    model.require_dense("modelled by the predictor")  # expert parallelism: issue 16
     t, pp, cp = table.tp, table.pp, table.cp
     dp = table.dp
     ds = table.dp_shard_for(cluster.gpus_per_node)

@@ -172,7 +172,9 @@ def with_overrides(cluster: ClusterSpec, overrides: tuple[tuple[str, Any], ...])
 
 
 def load(a: Assumptions = DEFAULT) -> tuple[ModelSpec, ClusterSpec]:
-    return load_model(a.model), with_overrides(load_cluster(a.cluster), a.cluster_overrides)
+    model = load_model(a.model)
+    model.require_dense("modelled by the predictor")
+    return model, with_overrides(load_cluster(a.cluster), a.cluster_overrides)
 
 
 def write_report(out: Path, title: str, sections: list[str]) -> Path:
