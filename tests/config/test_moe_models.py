@@ -177,3 +177,10 @@ def test_models_listing_shows_total_and_active(capsys: pytest.CaptureFixture[str
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["deepseek-v3"]["active_params"] == COUNTS["deepseek-v3"][1]
     assert rows["llama2-7b"]["active_params"] == rows["llama2-7b"]["n_params"]
+
+
+def test_dense_identity_has_only_the_original_fields() -> None:
+    m = load_model("llama2-7b")
+    first = "name n_layers d_model n_heads n_kv_heads d_ff vocab_size ffn tied_embeddings seq_len"
+    assert set(m.identity()) == set(first.split()) | {"norm", "bias", "position"}
+    assert {"n_experts", "attention", "d_ff_expert"} <= set(load_model("deepseek-v3").identity())

@@ -18,21 +18,36 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "custom"
+    name: str = Field(default="custom", description="Catalog name or the YAML file's stem.")
     # Upper bounds (far above any real model) keep parameter and FLOP counts exact in int64.
-    n_layers: int = Field(gt=0, le=2**16)
-    d_model: int = Field(gt=0, le=2**20)
-    n_heads: int = Field(gt=0, le=2**16)
-    n_kv_heads: int = Field(gt=0, le=2**16)
-    d_ff: int = Field(gt=0, le=2**22)
-    vocab_size: int = Field(gt=0, le=2**24)
-    ffn: Literal["swiglu", "gelu"] = "swiglu"
-    tied_embeddings: bool = False
-    seq_len: int = Field(gt=0, le=2**24)
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    bias: bool = False
-    position: Literal["rope", "learned"] = "rope"
-    source: str = ""
+    n_layers: int = Field(gt=0, le=2**16, description="Transformer blocks (count).")
+    d_model: int = Field(gt=0, le=2**20, description="Hidden width (elements).")
+    n_heads: int = Field(gt=0, le=2**16, description="Query heads (count).")
+    n_kv_heads: int = Field(
+        gt=0, le=2**16, description="Key/value heads (count; < n_heads for grouped-query)."
+    )
+    d_ff: int = Field(gt=0, le=2**22, description="Hidden width (elements) of a dense layer's FFN.")
+    vocab_size: int = Field(gt=0, le=2**24, description="Tokenizer vocabulary (tokens).")
+    ffn: Literal["swiglu", "gelu"] = Field(
+        default="swiglu", description="FFN kind: swiglu (3 matrices) or gelu (2 matrices)."
+    )
+    tied_embeddings: bool = Field(
+        default=False, description="The LM head shares the input embedding matrix."
+    )
+    seq_len: int = Field(
+        gt=0, le=2**24, description="Training sequence length (tokens) unless a layout sets one."
+    )
+    norm: Literal["rmsnorm", "layernorm"] = Field(
+        default="rmsnorm", description="Norm kind: rmsnorm (weight) or layernorm (weight, bias)."
+    )
+    bias: bool = Field(default=False, description="Linear layers carry biases (GPT-style).")
+    position: Literal["rope", "learned"] = Field(
+        default="rope",
+        description="Position encoding: rope (no parameters) or learned (seq_len x d_model).",
+    )
+    source: str = Field(
+        default="", description="Where the shape comes from (model card, config.json, paper)."
+    )
 
     # Attention variants (defaults: standard multi-head / grouped-query attention). -------------
     d_head: int | None = Field(
@@ -200,6 +215,17 @@ class ModelSpec(BaseModel):
         """One MoE layer's parameters one token uses: the top-k routed and the shared experts."""
         experts = (self.experts_per_token + self.n_shared_experts) * self.expert_params
         return self.attention_params + self.router_params + experts + 2 * self.norm_params
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that say which model this is (for sweep point ids): all but `source`, and
+        the MoE and attention-variant fields only where they differ from their defaults, so that
+        a dense model keeps the id it had before those fields existed."""
+        later = ModelSpec.model_fields.keys() - _FIRST_FIELDS
+        return {
+            k: v
+            for k, v in self.model_dump(exclude={"source"}).items()
+            if k not in later or v != ModelSpec.model_fields[k].default
+        }
 
     def require_dense(self, what: str) -> None:
         """Refuse a MoE model where only dense training is modelled (issue 16)."""
@@ -390,6 +416,27 @@ class ModelSpec(BaseModel):
         return self.model_flops_per_token(seq_len) + self.recompute_flops_per_token(
             recompute, seq_len
         )
+
+
+# ModelSpec's fields before mixture of experts and attention variants were added (issue 16).
+_FIRST_FIELDS = frozenset(
+    [
+        "name",
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "n_kv_heads",
+        "d_ff",
+        "vocab_size",
+        "ffn",
+        "tied_embeddings",
+        "seq_len",
+        "norm",
+        "bias",
+        "position",
+        "source",
+    ]
+)
 
 
 def flops_utilisation(

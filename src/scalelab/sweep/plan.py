@@ -202,7 +202,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                         ) from None
                     for run in range(sweep.runs):
                         description = {
-                            "model": spec.model_dump(exclude={"source"}),
+                            "model": spec.identity(),
                             "nodes": n,
                             "gpus_per_node": gpn,
                             "layout": layout.model_dump(),
