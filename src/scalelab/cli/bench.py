@@ -123,8 +123,8 @@ def bench(
     from scalelab.config.layout import check
     from scalelab.measure.config import (
         BenchOptions,
-        check_layout_options,
         check_layout,
+        check_layout_options,
         check_model,
         check_options,
         check_tokens,
