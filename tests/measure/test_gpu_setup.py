@@ -76,3 +76,41 @@ def test_flight_recorder_is_configured_for_nccl(tmp_path: object) -> None:
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/runs/.flight/x-rank"
+
+
+def test_flight_recorder_dumps_name_the_stuck_collective_and_missing_ranks(
+    tmp_path: object,
+) -> None:
+    """Synthetic dumps in the recorder's format: ranks 0 and 2 issued all_reduce #7 of group 0,
+    rank 1 never did (it was still computing), so #7 is where the job hung."""
+    import pickle
+    from pathlib import Path
+
+    from scalelab.measure.flight import explain, read_dumps, stuck_collective
+
+    def entry(seq: int, state: str, name: str = "nccl:all_reduce") -> dict[str, object]:
+        return {
+            "process_group": ("0", "default_pg"), "collective_seq_id": seq, "is_p2p": False,
+            "profiling_name": name, "state": state, "input_sizes": [[1024]],
+        }  # fmt: skip
+
+    folder = Path(str(tmp_path))
+    done = [entry(5, "completed", "nccl:all_gather"), entry(6, "completed")]
+    dumps = {0: [*done, entry(7, "started")], 1: done, 2: [*done, entry(7, "scheduled")]}
+    paths = []
+    for rank, entries in dumps.items():
+        path = folder / f"job-rank{rank}"
+        path.write_bytes(pickle.dumps({"version": "2.10", "entries": entries, "pg_config": {}}))
+        paths.append(path)
+    (folder / "job-rank3").write_bytes(b"not a pickle")  # a rank that died mid-dump is skipped
+    paths.append(folder / "job-rank3")
+    stuck = stuck_collective(read_dumps(paths))
+    assert stuck is not None
+    assert (stuck.collective, stuck.seq, stuck.arrived, stuck.missing) == (
+        "nccl:all_reduce",
+        7,
+        [0, 2],
+        [1],
+    )
+    assert "rank(s) 1 did not arrive" in (explain(paths) or "")
+    assert stuck_collective({0: done, 1: done}) is None

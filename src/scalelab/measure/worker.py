@@ -109,9 +109,14 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
         record = base_record(job, identity, status, error_text(rank, exc))
         if is_secondary(exc):
             record.notes["error"] = SECONDARY_NOTE
-        dumps = sorted(str(p) for p in (job.out_dir / ".flight").glob("*-rank*"))
+        dumps = sorted((job.out_dir / ".flight").glob("*-rank*"))
         if dumps:  # NCCL flight recorder dumps (GPU runs that timed out)
-            record.notes["nccl_flight_recorder"] = " ".join(dumps)
+            from scalelab.measure.flight import explain
+
+            record.notes["nccl_flight_recorder"] = " ".join(str(p) for p in dumps)
+            stuck = explain(dumps)
+            if stuck:
+                record.notes["hang"] = stuck
         path = None
         try:
             path = write_record(record, job.out_dir, overwrite=False)
