@@ -157,6 +157,8 @@ def m(summary, key, scale=1.0):
 
 rows = []
 for name in ("eager", "compiled"):
+    if not Path(sys.argv[1], name).exists():
+        continue  # not run (SMOKE=1 runs eager only)
     paths = sorted(Path(sys.argv[1], name).glob("*.json"))
     if not paths:
         print(f"{name}: no record")
@@ -176,12 +178,17 @@ for name in ("eager", "compiled"):
         print(f"  note {k}: {v}")
     if p:
         print(f"  predicted: tokens/s {p.get('tokens_per_s')}  MFU {p.get('mfu')}  step {p.get('step_time_s')} s  power per GPU {p.get('power_w_per_gpu')} W  HFU {p.get('hfu')}")
+        mem = p.get("memory_total_bytes")
+        if mem is not None:
+            print(f"  predicted peak memory {mem / 2**30:.3g} GiB (measured: reserved above)")
     mfu = (s.get("mfu") or {}).get("mean")
     rows.append({"run": name, "tokens_per_s": (s.get("tokens_per_s") or {}).get("mean"), "mfu": mfu,
                  "energy_per_token_j": (s.get("energy_per_token_j") or {}).get("mean"),
                  "power_w_per_gpu": (s.get("power_w_per_gpu") or {}).get("mean"),
                  "predicted_tokens_per_s": p.get("tokens_per_s"), "predicted_mfu": p.get("mfu"),
                  "predicted_power_w_per_gpu": p.get("power_w_per_gpu"),
+                 "memory_peak_reserved_bytes": (s.get("memory_peak_reserved_bytes") or {}).get("mean"),
+                 "predicted_memory_total_bytes": p.get("memory_total_bytes"),
                  "record": str(paths[-1])})
 print("JSON " + json.dumps(rows))
 if not rows:

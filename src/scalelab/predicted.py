@@ -67,9 +67,19 @@ def predict_for(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[
     return {"cluster": cluster.name, **result}
 
 
+GRAD_SYNC_NOTE = (
+    "the predictor reduces gradients once per optimizer step; this run reduced them on every "
+    "micro-batch (bench --grad-sync microbatch), so its data-parallel communication is "
+    "under-predicted"
+)
+
+
 def attach_prediction(record: Record, cluster: ClusterSpec) -> Record:
-    """Set `record.prediction` to the prediction of its model and layout on `cluster`."""
+    """Set `record.prediction` to the prediction of its model and layout on `cluster` (with a
+    note where the run did something the predictor does not model)."""
     record.prediction = predict_for(record_model(record), cluster, record_layout(record))
+    if record.workload.get("grad_sync") == "microbatch":
+        record.prediction["note"] = GRAD_SYNC_NOTE
     return record
 
 

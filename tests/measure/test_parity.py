@@ -74,6 +74,8 @@ WORLD4: list[dict[str, Any]] = [
         if (schedule, mode) not in REFUSED_PP
     ),
 ]
+# Context parallelism under a pipeline (FSDP over the cp ranks): 1F1B.
+WORLD4.append({"name": "pp2_1f1b_cp2", "pp": 2, "cp": 2})
 for _case in WORLD4:
     if _case["name"] == "pp2_1f1b_fsdp2":
         _case["count_collectives"] = True
@@ -148,6 +150,8 @@ def test_world4_matches_single_process(
     _check(result, reference, FP32_ATOL, WORLD4_STEPS)
     if case == "hsdp_2x2":  # sharded 2 ways, replicated 2 ways
         assert 0.45 * TINY_PARAMS < result["local_numel"] < 0.55 * TINY_PARAMS
+    elif case.endswith("_cp2"):
+        assert result["local_seq_len"] == 16 and result["local_numel"] < 0.3 * TINY_PARAMS
     elif case.endswith(("_ddp2", "_hsdp2")):  # a pipeline stage, replicated
         assert 0.3 * TINY_PARAMS < result["local_numel"] < 0.7 * TINY_PARAMS
     else:
@@ -196,3 +200,17 @@ def test_collectives_per_step_are_the_predictors(
     """A profiled step's collectives (torch.profiler, rank 0) are the ones the predictor costs."""
     result = world4[case] if case in world4 else world2[case]
     assert result["collectives"] == EXPECTED_COLLECTIVES[case]
+
+
+def test_zbv_with_context_parallelism_is_refused() -> None:
+    from scalelab.cli.common import build_layout
+    from scalelab.config.catalog import load_model
+    from scalelab.errors import InputError
+    from scalelab.measure.config import check_layout
+
+    layout = build_layout(
+        gpus=4, seq_len=32, global_batch=8, pp=2, cp=2, pp_schedule="zbv", virtual_stages=2
+    )
+    with pytest.raises(InputError) as info:
+        check_layout(layout, load_model("llama-tiny"))
+    assert info.value.field == "pp_schedule"

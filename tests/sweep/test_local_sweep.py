@@ -124,11 +124,20 @@ def test_failed_point_is_recorded_kept_and_retried(tmp_path: Path) -> None:
 
 
 def test_report_of_the_sweep(swept: dict[str, Any], tmp_path: Path) -> None:
+    # CPU records name no cluster: --predict alone does not predict them for some GPU cluster.
+    alone = scalelab("report", str(swept["out"]), "--out", str(tmp_path / "r0"), "--predict", "--json")  # fmt: skip
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    notes = json.loads(alone.stdout)["notes"]
+    assert len(notes) == 4 and all("names no cluster" in n for n in notes), notes
     report = tmp_path / "report"
-    done = scalelab("report", str(swept["out"]), "--out", str(report), "--predict", "--json")
+    done = scalelab(
+        "report", str(swept["out"]), "--out", str(report), "--predict", "--cluster", "h100-ib",
+        "--json",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
     assert doc["records"] == 4 and doc["ok"] == 4 and doc["configurations"] == 4
+    assert "Predicted for cluster <b>h100-ib</b>" in (report / "index.html").read_text()
     for name in ("index.html", "records.parquet", "records.csv", "summary.csv"):
         assert (report / name).is_file(), name
     # Throughput against GPU count, measured and predicted; no energy on CPU.

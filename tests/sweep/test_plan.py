@@ -82,3 +82,16 @@ def test_predict_true_puts_the_prediction_beside_an_ok_record(tmp_path: Path) ->
     prediction = load_record(path).prediction
     assert prediction is not None and prediction["cluster"] == "h100-ib"
     assert prediction["tokens_per_s"] > 0 and "power_w_per_gpu" in prediction
+
+
+def test_a_layout_the_bench_options_rule_out_is_refused(tmp_path: Path) -> None:
+    from scalelab.errors import InputError
+
+    text = TINY_SWEEP.replace("gpus_per_node: [1, 2]", "gpus_per_node: [2]")
+    text = text.replace("{sharding: fsdp}", "{pp: 2, pp_schedule: zbv, virtual_stages: 2}")
+    text = text.replace(
+        "bench: {steps: 2, warmup: 1, repeats: 2}", "bench: {steps: 2, compile: true}"
+    )
+    with pytest.raises(InputError) as info:
+        _points(tmp_path, text)
+    assert "compile" in str(info.value)

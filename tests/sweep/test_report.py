@@ -124,7 +124,7 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
     assert 64 not in rows  # the OOM point has no numbers, but is listed as failed
     assert set(result.figures) == {
         "tokens_per_s_per_gpu", "tokens_per_s", "mfu", "exposed_comm_fraction",
-        "power_w_per_gpu", "tokens_per_j", "step_time_s",
+        "power_w_per_gpu", "tokens_per_j", "step_time_s", "breakdown",
     }  # fmt: skip
     for name in ("records.parquet", "records.csv"):
         assert (out / name).stat().st_size > 0
@@ -132,12 +132,12 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
 
     assert len(pd.read_parquet(out / "records.parquet")) == 5
     dom = dump_dom(out / "index.html")
-    assert 'data-figures-total="7"' in dom and 'data-figures-loaded="7"' in dom
+    assert 'data-figures-total="8"' in dom and 'data-figures-loaded="8"' in dom
     assert "OutOfMemoryError" in dom
     # A figure that went missing is flagged by the page.
     (out / "mfu.png").unlink()
     dom = dump_dom(out / "index.html")
-    assert 'data-figures-loaded="6"' in dom and 'data-figures-broken="mfu.png"' in dom
+    assert 'data-figures-loaded="7"' in dom and 'data-figures-broken="mfu.png"' in dom
 
 
 def test_predicted_beside_measured(
@@ -275,3 +275,15 @@ def test_loss_curves_show_each_record(tmp_path: Path) -> None:
         "llama2-7b fsdp 8 GPUs": [5.5, 5.4, 5.3, 5.2],
         "llama2-7b fsdp 16 GPUs": [5.5, 5.6, 5.7, 5.8],
     }
+
+
+def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> None:
+    from scalelab.report import data, figures
+
+    breakdown = figures.step_breakdowns(data.observations(data.load(records)))
+    # b16 (schema 2, ns): exposed 25 ms of a 400 ms step; a32 (schema 1, us): 50 of 400 ms.
+    assert set(breakdown) == {("llama2-7b", "fsdp", 16), ("llama2-7b", "fsdp", 32)}
+    assert breakdown[("llama2-7b", "fsdp", 16)]["exposed_comm"] == pytest.approx(0.025)
+    assert breakdown[("llama2-7b", "fsdp", 32)]["other"] == pytest.approx(0.35)
+    result = build_report(records, tmp_path / "report")
+    assert result.figures["breakdown"].stat().st_size > 0

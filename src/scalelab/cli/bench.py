@@ -123,8 +123,8 @@ def bench(
     from scalelab.config.layout import check
     from scalelab.measure.config import (
         BenchOptions,
-        check_grad_sync,
         check_layout,
+        check_layout_options,
         check_model,
         check_options,
         check_tokens,
@@ -180,7 +180,7 @@ def bench(
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
     check(built, spec, local)
     check_layout(built, spec)
-    check_grad_sync(options, built)
+    check_layout_options(options, built)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None

@@ -86,6 +86,8 @@ def measure_bench(job: BenchJob, info: Any, identity: RunIdentity) -> Record:
     if cuda and job.cluster is None:
         record.cluster = resolve_cluster(None, device_name)[1]
     record.workload["compute_dtype"] = trainer.compute_dtype
+    if trainer.precision_note:
+        record.notes["compute_dtype"] = trainer.precision_note
     record.workload["reshard_after_forward_applied"] = trainer.reshard_after_forward
     record.workload["mesh"] = {
         "pp": trainer.dims.pp,

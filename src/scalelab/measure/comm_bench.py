@@ -4,7 +4,10 @@ Definitions are nccl-tests' (doc/PERFORMANCE.md): `size` is the buffer that size
 operation — the whole gathered output for all_gather, the whole input for reduce_scatter and
 all_to_all, the buffer for all_reduce, what each rank sends for send_recv. Operations are
 out-of-place. The time of one iteration is the slowest rank's (an all-reduce of MAX over ranks);
-the reported time is the median over the measured iterations. algbw = size / time; busbw =
+the reported time is the median over the measured iterations. On GPUs, as nccl-tests does, the
+measured iterations run back to back after one barrier and are timed together with CUDA events
+(`timing: cuda_events_batched`); on CPU each iteration is timed on the host clock after a
+barrier (`host_per_iter`), the only clock gloo has. algbw = size / time; busbw =
 algbw x factor: all_reduce 2(n-1)/n, all_gather, reduce_scatter and all_to_all (n-1)/n,
 send_recv 1.
 """
@@ -101,6 +104,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _batched_cuda(op: Any, iters: int, device: torch.device) -> list[float]:
+    """nccl-tests' timing: one barrier, then `iters` operations back to back between two CUDA
+    events on the current stream; each iteration's time is the batch's average (the same value
+    `iters` times, so the MAX over ranks and the median are the batch's)."""
+    dist.barrier()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        op()
+    end.record()
+    end.synchronize()
+    per_iter = start.elapsed_time(end) / 1e3 / iters
+    return [per_iter] * iters
+
+
 def sweep(
     collectives: list[str], sizes: list[int], iters: int, warmup: int, device: torch.device
 ) -> list[dict[str, Any]]:
@@ -115,8 +134,8 @@ def sweep(
             for _ in range(warmup):
                 op()
             _sync(device)
-            times = []
-            for _ in range(iters):
+            times = _batched_cuda(op, iters, device) if device.type == "cuda" else []
+            for _ in range(0 if times else iters):
                 dist.barrier()
                 _sync(device)
                 start = time.perf_counter()
@@ -138,6 +157,7 @@ def sweep(
                     "algbw_GBps": algbw / 1e9,
                     "busbw_GBps": algbw * bus_factor(collective, world) / 1e9,
                     "iters": iters,
+                    "timing": "cuda_events_batched" if device.type == "cuda" else "host_per_iter",
                 }
             )
     return rows

@@ -130,9 +130,16 @@ def check_layout(layout: Layout, model: ModelSpec) -> None:
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
 
 
-def check_grad_sync(options: BenchOptions, layout: Layout) -> None:
-    """Per-micro-batch reduction is a choice for flat layouts only: torch.distributed.pipelining
-    reduces a stage's gradients once per step whatever is asked."""
+def check_layout_options(options: BenchOptions, layout: Layout) -> None:
+    """Options that a layout rules out. Per-micro-batch reduction is a choice for flat layouts
+    only (torch.distributed.pipelining reduces a stage's gradients once per step whatever is
+    asked); PyTorch's ZBV schedule refuses compiled stage modules (measured, torch 2.13)."""
+    if options.compile and layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV:
+        raise InputError(
+            "compile",
+            "--compile with pp_schedule zbv: PyTorch's ZBV schedule does not support compiled "
+            "stage modules (RuntimeError at start); use --no-compile or another schedule",
+        )
     if options.grad_sync == "microbatch" and layout.pp > 1:
         raise InputError(
             "grad_sync",

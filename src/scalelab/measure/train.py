@@ -67,9 +67,25 @@ class DistInfo:
     backend: str
 
 
-def init_distributed(timeout_s: float) -> DistInfo:
-    """NCCL on GPUs, gloo on CPU; a one-process group when not launched by torchrun."""
+def flight_recorder_env(prefix: Path) -> dict[str, str]:
+    """NCCL's flight recorder: each rank keeps its last collectives in a ring buffer and, when a
+    collective times out, dumps it to `<prefix><rank>` (what every rank had issued and
+    completed names the stuck collective and the ranks that never arrived)."""
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(prefix),
+    }
+
+
+def init_distributed(timeout_s: float, flight_prefix: Path | None = None) -> DistInfo:
+    """NCCL on GPUs, gloo on CPU; a one-process group when not launched by torchrun. On GPUs
+    with `flight_prefix`, the NCCL flight recorder is on (variables already set are kept)."""
     cuda = torch.cuda.is_available()
+    if cuda and flight_prefix is not None:
+        flight_prefix.parent.mkdir(parents=True, exist_ok=True)
+        for key, value in flight_recorder_env(flight_prefix).items():
+            os.environ.setdefault(key, value)
     backend = "nccl" if cuda else "gloo"
     timeout = timedelta(seconds=timeout_s)
     if under_torchrun():
@@ -154,6 +170,70 @@ def _fault(rank: int, step: int) -> None:
         raise RuntimeError(f"injected failure on rank {rank} at step {step}")
 
 
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How a layout trains in the requested dtype (torchtitan's rules).
+
+    bf16 goes through FSDP2's MixedPrecisionPolicy (bf16 parameters, fp32 reduction) wherever
+    FSDP applies, including one process (FSDP on a one-rank mesh), so that 1 -> N GPU points
+    run the same precision set-up; through autocast under DDP/ZeRO-1; and not at all under TP
+    or PP without FSDP (torchtitan: mixed precision with TP or PP needs FSDP), which then
+    trains in fp32 and says so (`note`)."""
+
+    fsdp: bool
+    ddp: bool
+    autocast: bool
+    compute_dtype: str
+    note: str | None = None
+
+
+def precision_plan(layout: Layout, dims: ParallelDims, bf16: bool) -> PrecisionPlan:
+    dp_ranks = dims.dp_replicate * dims.fsdp_degree
+    fsdp_kind = layout.sharding in (Sharding.FSDP, Sharding.ZERO2, Sharding.HSDP)
+    single = dims.world_size == 1
+    fsdp = fsdp_kind and (dp_ranks > 1 or (single and bf16))
+    ddp = layout.sharding in (Sharding.DDP, Sharding.ZERO1) and dims.dp * dims.cp > 1
+    if not bf16 or fsdp:
+        return PrecisionPlan(fsdp, ddp, False, "bf16" if bf16 else "fp32")
+    if layout.tp > 1 or layout.pp > 1:
+        note = (
+            "bf16 asked, trained in fp32: mixed precision with TP or PP needs FSDP (torchtitan); "
+            "use fsdp/hsdp with dp > 1"
+        )
+        return PrecisionPlan(fsdp, ddp, False, "fp32", note)
+    return PrecisionPlan(fsdp, ddp, True, "bf16")
+
+
+def mesh_groups(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """Parameters grouped by device mesh (plain tensors together), in first-seen order."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[nn.Parameter]] = {}
+    for p in params:
+        key = id(p.device_mesh) if isinstance(p, DTensor) else "plain"
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+class PerMeshOptimizer:
+    """Several optimizers stepped as one (one per device mesh)."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
 class Trainer:
     """The model(s), optimizer and one training step for a layout on this rank."""
 
@@ -169,18 +249,11 @@ class Trainer:
             )
         self.meshes: Meshes = build_meshes(self.dims, device.type)
         dtype = options.compute_dtype
-        self.compute_dtype = (
-            ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
-        )
+        requested = ("bf16" if device.type == "cuda" else "fp32") if dtype == "auto" else dtype
+        plan = precision_plan(layout, self.dims, requested == "bf16")
+        self.uses_fsdp, self.uses_ddp, self.autocast = plan.fsdp, plan.ddp, plan.autocast
+        self.compute_dtype, self.precision_note = plan.compute_dtype, plan.note
         bf16 = self.compute_dtype == "bf16"
-        dp_ranks = self.dims.dp_replicate * self.dims.fsdp_degree
-        self.uses_fsdp = (
-            layout.sharding in (Sharding.FSDP, Sharding.ZERO2, Sharding.HSDP) and dp_ranks > 1
-        )
-        self.uses_ddp = (
-            layout.sharding in (Sharding.DDP, Sharding.ZERO1) and self.dims.dp * self.dims.cp > 1
-        )
-        self.autocast = bf16 and not self.uses_fsdp
         self.loss_parallel = layout.tp > 1
         self.pp_rank = self.meshes["pp"].get_local_rank()
         self.dp_rank = self.meshes.dp.get_local_rank()
@@ -237,13 +310,7 @@ class Trainer:
         self.local_batch = layout.global_batch // self.dims.dp
         self.local_seq_len: int | None = None  # tokens per sequence a rank sees (seq_len / cp)
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        from torch.distributed.tensor import DTensor
-
-        meshes = {id(p.device_mesh) for p in self.params if isinstance(p, DTensor)}
-        plain = any(not isinstance(p, DTensor) for p in self.params)
-        # Multi-tensor kernels need every parameter on one mesh (or none); fused is fastest on GPU.
-        one_mesh = len(meshes) + int(plain) <= 1
+    def _optimizer(self) -> Any:
         kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
         if self.layout.sharding == Sharding.ZERO1 and self.uses_ddp:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -256,9 +323,15 @@ class Trainer:
                 parameters_as_bucket_view=True,
                 **kwargs,
             )
-        if self.info.device.type == "cuda" and one_mesh:
-            return torch.optim.AdamW(self.params, fused=True, **kwargs)
-        return torch.optim.AdamW(self.params, foreach=False, **kwargs)
+        # Multi-tensor kernels need every parameter of one call on one mesh (or none): one AdamW
+        # per mesh, fused on GPU, foreach on CPU, instead of a per-parameter loop over all.
+        fast: dict[str, Any] = (
+            {"fused": True} if self.info.device.type == "cuda" else {"foreach": True}
+        )
+        groups = mesh_groups(self.params)
+        if len(groups) == 1:
+            return torch.optim.AdamW(groups[0], **fast, **kwargs)
+        return PerMeshOptimizer([torch.optim.AdamW(g, **fast, **kwargs) for g in groups])
 
     def _context(
         self, inputs: torch.Tensor | None, labels: torch.Tensor | None

@@ -88,7 +88,8 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
     rank = int(os.environ.get("RANK", "0"))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        info = init_distributed(job.timeout_s)
+        flight = job.out_dir / ".flight" / f"{identity.name if identity else 'run'}-rank"
+        info = init_distributed(job.timeout_s, flight)
         rank = info.rank
         if identity is None:
             shared: list[Any] = [job.new_identity(info.world_size) if rank == 0 else None]
@@ -108,6 +109,14 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
         record = base_record(job, identity, status, error_text(rank, exc))
         if is_secondary(exc):
             record.notes["error"] = SECONDARY_NOTE
+        dumps = sorted((job.out_dir / ".flight").glob("*-rank*"))
+        if dumps:  # NCCL flight recorder dumps (GPU runs that timed out)
+            from scalelab.measure.flight import explain
+
+            record.notes["nccl_flight_recorder"] = " ".join(str(p) for p in dumps)
+            stuck = explain(dumps)
+            if stuck:
+                record.notes["hang"] = stuck
         path = None
         try:
             path = write_record(record, job.out_dir, overwrite=False)

@@ -80,6 +80,9 @@ def build_report(
     loss = figures.loss_figure(obs, dest / "loss.png")
     if loss is not None:
         figs["loss"] = loss
+    breakdown = figures.breakdown_figure(obs, dest / "step_breakdown.png")
+    if breakdown is not None:
+        figs["breakdown"] = breakdown
     page = html.page(
         title=f"scalelab report: {src.resolve().name}",
         source=str(src),

@@ -156,6 +156,54 @@ def loss_figure(obs: Sequence[Observation], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+BREAKDOWN_PARTS = (
+    ("compute", "compute"),
+    ("exposed_comm", "exposed communication"),
+    ("idle", "idle (pipeline bubble, waits)"),
+)
+
+
+def step_breakdowns(obs: Sequence[Observation]) -> dict[tuple[str, str, int], dict[str, float]]:
+    """Per (model, series, GPUs), the profiled step split into compute, exposed communication,
+    idle and the rest (seconds per step, mean over ranks, averaged over the profiled records)."""
+    from scalelab.results import trace_metric_s
+
+    sums: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    for o in obs:
+        report = o.record.measurements.get("exposed_comm") if o.record.measurements else None
+        wall = trace_metric_s(report, "wall")
+        if o.status != "ok" or not wall:
+            continue
+        parts = {key: trace_metric_s(report, key) or 0.0 for key, _ in BREAKDOWN_PARTS}
+        parts["other"] = max(0.0, wall - sum(parts.values()))
+        for series in o.series:
+            sums.setdefault((o.model, series, o.gpus), []).append(parts)
+    return {
+        key: {part: sum(m[part] for m in members) / len(members) for part in members[0]}
+        for key, members in sorted(sums.items())
+    }
+
+
+def breakdown_figure(obs: Sequence[Observation], path: Path) -> Path | None:
+    """Stacked bars of a profiled step per configuration (only records run with --profile)."""
+    data = step_breakdowns(obs)
+    if not data:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(data) + 2), 5))
+    labels = [f"{series}\n{gpus} GPUs" for (_, series, gpus) in data]
+    bottom = [0.0] * len(data)
+    for key, label in (*BREAKDOWN_PARTS, ("other", "other (copies, host)")):
+        heights = [parts[key] * 1e3 for parts in data.values()]
+        ax.bar(labels, heights, bottom=bottom, label=label)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_ylabel("ms per profiled step (mean over ranks)")
+    ax.set_title("where a step's time goes (traces of bench --profile)", fontsize=10)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
 def all_figures(rows: Sequence[Row], out: Path, predicted: bool) -> dict[str, Path]:
     """Write every figure that has data; returns {metric key (or 'ratio'): path}."""
     figures: dict[str, Path] = {}

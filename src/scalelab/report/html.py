@@ -161,7 +161,10 @@ def page(
         rel = path.relative_to(out).as_posix()
         caption = next(
             (m.label for m in METRICS if m.key == key),
-            "training loss per record" if key == "loss" else "measured vs predicted",
+            {
+                "loss": "training loss per record",
+                "breakdown": "step-time breakdown (profiled steps)",
+            }.get(key, "measured vs predicted"),
         )
         parts.append(
             f'<figure><img class="figure" src="{escape(rel)}" alt="{escape(caption)}">'

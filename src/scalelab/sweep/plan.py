@@ -126,7 +126,12 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
     """
     from scalelab.config.catalog import load_cluster, load_model
     from scalelab.config.layout import check
-    from scalelab.measure.config import BenchOptions, check_layout, check_model
+    from scalelab.measure.config import (
+        BenchOptions,
+        check_layout,
+        check_layout_options,
+        check_model,
+    )
 
     assert sweep.name is not None
     check_sweep_name(sweep.name)
@@ -196,6 +201,7 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                     try:
                         check(layout, spec, cluster)
                         check_layout(layout, spec)
+                        check_layout_options(options, layout)
                     except InputError as exc:
                         raise InputError(
                             where, f"{spec.name} on {n} node(s): {exc.field}: {exc.message}"
