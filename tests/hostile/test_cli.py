@@ -91,3 +91,37 @@ def test_as_a_user_would(folder: Path) -> None:
         results = list(pool.map(run, [by_id[i] for i in SUBPROCESS]))
     for case, proc in results:
         _check(case, folder, proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RecursionError("maximum recursion depth exceeded"),
+        OverflowError("int too large to convert to float"),
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+@pytest.mark.parametrize("verb", ["trace", "search"])
+def test_the_net_under_every_reader(
+    verb: str,
+    exc: BaseException,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parse error that a reader does not turn into an InputError is still one line, exit 2
+    (for the argparse verb and the typer verbs alike)."""
+    import scalelab.cli.search
+    import scalelab.cli.trace
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(scalelab.cli.trace, "run", fail)
+    monkeypatch.setattr(scalelab.cli.search, "load_model", fail)
+    with pytest.raises(SystemExit) as info:
+        main([verb, "x"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("scalelab: error: input: "), err
+    assert type(exc).__name__ in err

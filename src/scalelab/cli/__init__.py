@@ -81,7 +81,8 @@ _PARSE_ERRORS: tuple[type[BaseException], ...] = (
 
 def _parse_error(exc: BaseException) -> None:
     text = " ".join(str(exc).split())[:200] or type(exc).__name__
-    where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+    filename = getattr(exc, "filename", None)
+    where = f"{filename}: " if filename else ""
     _user_error(f"input: {where}{type(exc).__name__}: {text} (a file or value that cannot be read)")
 
 

@@ -132,8 +132,8 @@ def run(args: Sequence[str]) -> int:
     report = analyze(
         opts.paths, keep_intervals=opts.plot is not None, parser=opts.parser, skip_bad=opts.skip_bad
     )
-    for path, reason in report.skipped:
-        print(f"scalelab trace: skipped {path}: {reason}", file=sys.stderr)
+    for bad, reason in report.skipped:
+        print(f"scalelab trace: skipped {bad}: {reason}", file=sys.stderr)
     if opts.cluster:
         _add_predictions(report, opts.cluster)
     written: list[Path] = []

@@ -89,6 +89,7 @@ class Layout(BaseModel):
     hsdp_shard_size: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_GPUS,
         description="HSDP only: ranks in one shard group (a divisor of dp). Default (None): the "
         "GPUs of one node not taken by TP and CP.",
     )
@@ -101,6 +102,7 @@ class Layout(BaseModel):
     tp: int = Field(
         default=1,
         gt=0,
+        le=MAX_GPUS,
         description="tensor-parallel degree (Megatron-style column/row split of attention and "
         "MLP); divides n_heads, n_kv_heads and d_ff. TP ranks are innermost (inside NVLink).",
     )
@@ -112,6 +114,7 @@ class Layout(BaseModel):
     pp: int = Field(
         default=1,
         gt=0,
+        le=MAX_GPUS,
         description="pipeline-parallel degree (stages); pp x virtual_stages <= n_layers and at "
         "least pp micro-batches per step.",
     )
@@ -123,17 +126,20 @@ class Layout(BaseModel):
     virtual_stages: int = Field(
         default=1,
         gt=0,
+        le=MAX_GPUS,
         description="model chunks per pipeline rank (interleaved: any; zbv: 2; else 1).",
     )
     cp: int = Field(
         default=1,
         gt=0,
+        le=MAX_GPUS,
         description="context-parallel degree: the sequence split over cp ranks, K/V exchanged in "
         "a ring (seq_len divisible by 2 x cp for load-balanced causal attention).",
     )
     micro_batch: int = Field(
         default=1,
         gt=0,
+        le=MAX_GLOBAL_BATCH,
         description="sequences per micro-batch per data-parallel rank; global_batch / (dp x "
         "micro_batch) micro-batches run per step (gradient accumulation or pipeline).",
     )

@@ -43,6 +43,7 @@ _PEER_LOSS = (
     "remote process exited",
     "communicator was aborted",
     "ncclremoteerror",
+    "terminated by sigterm",  # a TerminatedError that a library wrapped in its own error (DTensor)
 )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -184,6 +185,8 @@ class _Reader:
         value = rules.parse_number(text, binary=binary)
         if text and value is None:
             raise _SkipError(f"unreadable {col} ({text!r})")
+        if value is not None and not math.isfinite(value):
+            raise _SkipError(f"{col} is not a finite number ({text[:40]!r})")
         return value
 
     def integer(self, col: str, name: str, binary: bool = False) -> int | None:
