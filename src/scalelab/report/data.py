@@ -302,7 +302,9 @@ def prediction_clusters(obs: Sequence[Observation]) -> dict[str, list[str]]:
     for o in obs:
         if o.prediction_cluster is None:
             continue
-        devices = (o.record.environment or {}).get("devices") or ["?"]
+        env = o.record.environment if isinstance(o.record.environment, dict) else {}
+        devices = env.get("devices")
+        devices = devices if isinstance(devices, list) and devices else ["?"]
         out.setdefault(o.prediction_cluster, set()).update(str(d) for d in devices)
     return {k: sorted(v) for k, v in sorted(out.items())}
 

@@ -7,6 +7,7 @@ colour. A last figure puts measured over predicted throughput per configuration.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -127,8 +128,10 @@ def loss_curves(obs: Sequence[Observation]) -> dict[str, list[float]]:
             float(v)
             for rep in repeats
             if isinstance(rep, dict)
-            for v in [*(rep.get("warmup_loss") or []), *(rep.get("loss") or [])]
-            if isinstance(v, (int, float))
+            for key in ("warmup_loss", "loss")
+            if isinstance(rep.get(key), list)
+            for v in rep[key]
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         ]
         if losses:
             key = f"{o.model} {' / '.join(o.series)} {o.gpus} GPUs"
