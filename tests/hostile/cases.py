@@ -187,6 +187,7 @@ def build(d: Path) -> None:
         SWEEP.replace("gpus_per_node: [1]", f"gpus_per_node: [{10**30}]")
     )
     (d / "sweep-inf.yaml").write_text(SWEEP.replace("steps: 1", "steps: .inf"))
+    (d / "sweep-steps-huge.yaml").write_text(SWEEP.replace("steps: 1", f"steps: {2**70}"))
     # traces
     (d / "trace-nested.json").write_text('{"traceEvents": ' + "[" * 100000 + "]" * 100000 + "}")
     (d / "trace-bool.json").write_text(json.dumps(_trace(ts=True)))
@@ -435,6 +436,12 @@ CASES: list[Case] = [
         "rep-out",
     ),
     _c("study-out-file", "study hardware --out {d}/model.yaml", "out"),
+    _c(
+        "sweep-steps-huge",
+        "sweep {d}/sweep-steps-huge.yaml --out {d}/sweep-out --dry-run",
+        "bench.steps",
+        "sweep-out",
+    ),
     # study
     _c("study-unknown-markup", "study [/]x --out {d}/study-out", "study", "study-out"),
 ]
