@@ -187,6 +187,7 @@ def build(d: Path) -> None:
         SWEEP.replace("gpus_per_node: [1]", f"gpus_per_node: [{10**30}]")
     )
     (d / "sweep-inf.yaml").write_text(SWEEP.replace("steps: 1", "steps: .inf"))
+    (d / "sweep-steps-huge.yaml").write_text(SWEEP.replace("steps: 1", f"steps: {2**70}"))
     # traces
     (d / "trace-nested.json").write_text('{"traceEvents": ' + "[" * 100000 + "]" * 100000 + "}")
     (d / "trace-bool.json").write_text(json.dumps(_trace(ts=True)))
@@ -398,6 +399,47 @@ CASES: list[Case] = [
         "sweep-steps-inf",
         "sweep {d}/sweep-inf.yaml --out {d}/sweep-out --dry-run",
         "steps",
+        "sweep-out",
+    ),
+    # more flags with hostile values
+    _c("predict-tp-huge", f"predict llama2-7b --tp {2**70}", "tp"),
+    _c("predict-cluster-list", "predict llama2-7b --cluster {d}/list.yaml", "cluster"),
+    _c("search-tp-words", "search llama2-7b --tp abc", "tp"),
+    _c("search-tp-huge", f"search llama2-7b --tp {2**70}", "tp"),
+    _c("validate-explain-huge", f"validate --explain {2**70}", "row"),
+    _c(
+        "bench-steps-huge",
+        f"bench llama-tiny --steps {2**70} --out {{d}}/bench-out",
+        "steps",
+        "bench-out",
+    ),
+    _c(
+        "bench-data-binary",
+        "bench llama-tiny --data {d}/bin.json --out {d}/bench-out",
+        "data",
+        "bench-out",
+    ),
+    _c("comm-iters-huge", f"comm --iters {2**70} --out {{d}}/comm-out", "iters", "comm-out"),
+    _c("comm-sizes-zero", "comm --sizes 0 --out {d}/comm-out", "sizes", "comm-out"),
+    _c("trace-cluster-binary", "trace {d}/traces --cluster {d}/bin.yaml", "bin.yaml"),
+    _c("trace-plot-file", "trace {d}/traces --plot {d}/model.yaml", "model.yaml"),
+    _c(
+        "calibrate-trace-bad",
+        "calibrate --trace {d}/bin.json --out {d}/cal-out/c.yaml",
+        "bin.json",
+        "cal-out",
+    ),
+    _c(
+        "report-cluster-binary",
+        "report {d}/rec-gpus-str --cluster {d}/bin.yaml --predict --out {d}/rep-out",
+        "bin.yaml",
+        "rep-out",
+    ),
+    _c("study-out-file", "study hardware --out {d}/model.yaml", "out"),
+    _c(
+        "sweep-steps-huge",
+        "sweep {d}/sweep-steps-huge.yaml --out {d}/sweep-out --dry-run",
+        "bench.steps",
         "sweep-out",
     ),
     # study

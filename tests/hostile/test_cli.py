@@ -125,3 +125,28 @@ def test_the_net_under_every_reader(
     assert info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("scalelab: error: input: "), err
     assert type(exc).__name__ in err
+
+
+def test_trace_skip_bad(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder with two good and two bad traces: by default exit 2 naming the first bad file and
+    how many are bad; with --skip-bad the good ones are analysed and the bad ones listed."""
+    import json
+
+    bad = str(folder / "traces-bad")
+    with pytest.raises(SystemExit) as info:
+        main(["trace", bad])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert "rank2.json" in err and "1 more bad file of 4: rank3.json" in err and "--skip-bad" in err
+
+    main(["trace", bad, "--skip-bad", "--json"])
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert [Path(r["path"]).name for r in document["ranks"]] == ["rank0.json", "rank1.json"]
+    assert [Path(s["path"]).name for s in document["skipped"]] == ["rank2.json", "rank3.json"]
+    assert all("not valid JSON" in s["reason"] for s in document["skipped"])
+    assert captured.err.count("scalelab trace: skipped ") == 2
+
+    with pytest.raises(SystemExit) as info:  # no good file: still exit 2
+        main(["trace", str(folder / "bin.json"), "--skip-bad"])
+    assert info.value.code == 2

@@ -118,7 +118,7 @@ def bench(
     The layout flags are generated from `scalelab.config.Layout`'s fields (as for predict)."""
     from pydantic import ValidationError
 
-    from scalelab.cli.common import choice, positive, writable_folder
+    from scalelab.cli.common import MAX_COUNT, at_most, choice, positive, writable_folder
     from scalelab.config.catalog import load_cluster, load_model
     from scalelab.config.layout import check
     from scalelab.measure.config import (
@@ -135,8 +135,10 @@ def bench(
     check_model(spec)
     for name, value in (("steps", steps), ("repeats", repeats), ("profile-steps", profile_steps)):
         positive(name, value)
+        at_most(name, value, MAX_COUNT)
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
+    at_most("warmup", warmup, MAX_COUNT)
     choice("compute-dtype", compute_dtype, ("auto", "fp32", "bf16"))
     choice("grad-sync", grad_sync, ("step", "microbatch"))
     try:

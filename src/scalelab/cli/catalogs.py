@@ -103,8 +103,7 @@ def hardware(json_out: JsonOpt = False) -> None:
     for g in gpus:
         gt.add_row(
             g.name,
-            f"{g.peak_tflops['bf16']:.0f}",
-            f"{g.peak_tflops['fp8']:.0f}",
+            *(f"{g.peak_tflops[p]:.0f}" if p in g.peak_tflops else "-" for p in ("bf16", "fp8")),
             f"{g.hbm_gib:g}",
             f"{g.hbm_gbs:g}",
             f"{g.nvlink_gbs:g}",

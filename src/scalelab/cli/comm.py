@@ -11,7 +11,9 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import (
+    MAX_COUNT,
     JsonOpt,
+    at_most,
     console,
     positive,
     record_for_display,
@@ -60,11 +62,13 @@ def comm(
         size_list = parse_sizes(sizes)
     except ValueError as exc:
         raise InputError("sizes", str(exc)) from None
-    if not size_list or max(size_list) > 64 * 2**30:
-        raise InputError("sizes", "need at least one size, each at most 64G")
+    if not size_list or max(size_list) > 64 * 2**30 or min(size_list) < 1:
+        raise InputError("sizes", "need at least one size, each from 1 byte to 64G")
     positive("iters", iters)
+    at_most("iters", iters, MAX_COUNT)
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
+    at_most("warmup", warmup, MAX_COUNT)
     try:
         import torch  # noqa: F401
     except ImportError:

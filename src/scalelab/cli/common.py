@@ -222,6 +222,16 @@ def positive(field: str, value: int) -> int:
     return value
 
 
+# The most steps, repeats or iterations one run may ask for: more is a typo, and would run for ever.
+MAX_COUNT = 1_000_000
+
+
+def at_most(field: str, value: int, limit: int) -> int:
+    if value > limit:
+        raise InputError(field, f"must be at most {limit:,}, not {value:,}")
+    return value
+
+
 def writable_folder(flag: str, folder: Path) -> Path:
     """Check that `folder` can take files (creating it if needed) before a run measures anything:
     a run whose record cannot be written is lost."""

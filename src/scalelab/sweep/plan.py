@@ -150,6 +150,10 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
         options = BenchOptions(**bench)
     except ValidationError as exc:
         raise first_error(exc, "bench") from None
+    for key in ("steps", "warmup", "repeats", "profile_steps"):
+        value = getattr(options, key, None)
+        if isinstance(value, int) and value > 1_000_000:  # a typo that would run for ever
+            raise InputError(f"bench.{key}", f"must be at most 1,000,000, not {value:,}")
     for key, value in sweep.slurm.model_dump().items():
         if isinstance(value, str):
             check_slurm_value(f"slurm.{key}", value)
