@@ -143,6 +143,10 @@ def test_without_torch_bench_says_how_to_get_it(
 def test_predict_without_predictor_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from scalelab.cli import _build_app
+
+    _build_app()  # the CLI's own modules load first, as in a real run
+
     monkeypatch.setitem(sys.modules, "scalelab.perf.predict", None)  # import fails
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "llama-tiny", "--predict", "--out", str(tmp_path)])
@@ -178,6 +182,16 @@ def test_predict_puts_the_prediction_beside_the_measurement(
     assert record.cluster == "a100-ib", "on CPU the cluster is recorded as given"
     assert record.summary["mfu"]["mean"] is None and "CPU run" in record.notes["mfu"]
     assert "predicted:" in capsys.readouterr().out
+
+
+def test_predict_on_cpu_needs_a_cluster(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """No GPU and no --cluster: nothing says what to predict for, so bench refuses before running."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "llama-tiny", "--predict", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scalelab: error: cluster:") and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
 
 
 def test_token_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,7 +46,7 @@ def _build_app() -> typer.Typer:
 
         import typer
 
-        _APP = typer.Typer(
+        app = typer.Typer(
             name="scalelab",
             help="Measure, explain and predict how LLM training scales across GPUs, layouts and "
             "hardware.",
@@ -55,7 +55,8 @@ def _build_app() -> typer.Typer:
             pretty_exceptions_enable=False,
         )
         for name in _VERB_MODULES:
-            import_module(f"scalelab.cli.{name}").register(_APP)
+            import_module(f"scalelab.cli.{name}").register(app)
+        _APP = app  # only a complete app is kept: a failed import leaves none half-registered
     return _APP
 
 

@@ -69,7 +69,7 @@ BenchClusterOpt = Annotated[
     str | None,
     typer.Option(
         "--cluster", "-c",
-        help="catalog cluster or YAML (GPU peak for MFU, and --predict); default: from the GPU name, h100-ib to predict on CPU",
+        help="catalog cluster or YAML (GPU peak for MFU, and --predict); default: from the GPU name; on CPU, --predict needs it",
     ),
 ]  # fmt: skip
 
@@ -190,7 +190,13 @@ def bench(
         from scalelab.predicted import require_predictor
 
         require_predictor()
-        predict_cluster = cluster_spec or load_cluster(cluster or "h100-ib")
+        if cluster_spec is None and cluster is None:
+            raise InputError(
+                "cluster",
+                "--predict on a machine without a GPU needs --cluster: the cluster to predict"
+                " for (cpu-gloo for this machine's CPU ranks, or a GPU cluster)",
+            )
+        predict_cluster = cluster_spec or load_cluster(cluster or "")
 
     from scalelab.measure.job import JOB_SUFFIX, BenchJob
     from scalelab.measure.launch import launch
