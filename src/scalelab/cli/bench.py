@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -198,9 +197,8 @@ def bench(
             )
         predict_cluster = cluster_spec or load_cluster(cluster or "")
 
-    from scalelab.measure.job import JOB_SUFFIX, BenchJob
-    from scalelab.measure.launch import launch
-    from scalelab.measure.record import base_record
+    from scalelab.measure.job import BenchJob
+    from scalelab.measure.launch import launch_job
     from scalelab.measure.worker import run_worker
 
     job = BenchJob(
@@ -212,15 +210,7 @@ def bench(
             _exit(rc)
             return
     else:
-        job = job.model_copy(update={"identity": job.new_identity()})
-        assert job.identity is not None
-        job_file = out / ".jobs" / f"{job.identity.name}{JOB_SUFFIX}"
-        try:
-            rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
-        finally:
-            job_file.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                job_file.parent.rmdir()  # only when no other run's job is there
+        rc, path = launch_job(job, out)
     if predict_cluster is not None and rc == 0 and path is not None:
         _attach_prediction(path, predict_cluster)
     _report(path, json_out)

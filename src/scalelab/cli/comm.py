@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -76,7 +75,7 @@ def comm(
             "comm", "the collective benchmark needs PyTorch: pip install 'scalelab[measure]'"
         ) from None
     from scalelab.measure.config import under_torchrun
-    from scalelab.measure.job import JOB_SUFFIX, CommJob
+    from scalelab.measure.job import CommJob
     from scalelab.measure.worker import run_worker
 
     if not under_torchrun():
@@ -98,18 +97,9 @@ def comm(
                 raise SystemExit(1)
             return
     else:
-        from scalelab.measure.launch import launch
-        from scalelab.measure.record import base_record
+        from scalelab.measure.launch import launch_job
 
-        job = job.model_copy(update={"identity": job.new_identity()})
-        assert job.identity is not None
-        job_file = out / ".jobs" / f"{job.identity.name}{JOB_SUFFIX}"
-        try:
-            rc, path = launch(job, job_file, base_record(job, job.identity, "failed"))
-        finally:
-            job_file.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                job_file.parent.rmdir()  # only when no other run's job is there
+        rc, path = launch_job(job, out)
     _report(path, json_out)
     if rc:
         raise SystemExit(1)

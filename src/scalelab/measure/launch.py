@@ -158,6 +158,25 @@ def launch(
         return rc, final
 
 
+def launch_job(job: BenchJob | CommJob, out_dir: Path) -> tuple[int, Path | None]:
+    """Launch `job` under torchrun from a job file in `out_dir/.jobs`; returns (rc, record).
+
+    The job gets a new run identity; its failed record (written if the job dies without one) is
+    prepared here, and the job file goes when the run ends (its folder too, when empty).
+    """
+    from scalelab.measure.job import JOB_SUFFIX
+
+    job = job.model_copy(update={"identity": job.new_identity()})
+    assert job.identity is not None
+    job_file = out_dir / ".jobs" / f"{job.identity.name}{JOB_SUFFIX}"
+    try:
+        return launch(job, job_file, base_record(job, job.identity, "failed"))
+    finally:
+        job_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            job_file.parent.rmdir()  # only when no other run's job is there
+
+
 def _culprit(report: str) -> tuple[int, int | None] | None:
     """The rank that failed first, from torchrun's failure report.
 
