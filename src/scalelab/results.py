@@ -349,7 +349,3 @@ def summarise(per_repeat: Iterable[dict[str, Any]], metrics: Sequence[str]) -> d
     """Statistics across repeats for each metric (each repeat gives one value per metric)."""
     repeats = list(per_repeat)
     return {m: stats([r.get(m) for r in repeats]) for m in metrics}
-
-
-# The American spelling, until measure/launch.py (being split in issue 10b) imports `summarise`.
-summarize = summarise

@@ -19,7 +19,7 @@ from typing import Any
 
 from scalelab.config.model import ModelSpec, flops_utilisation
 from scalelab.measure.job import BenchJob, CommJob, RunIdentity
-from scalelab.results import Record, stats, summarize, trace_metric_s
+from scalelab.results import Record, stats, summarise, trace_metric_s
 
 SECONDARY_NOTE = (
     "reported by a rank that lost its peers or was stopped; another rank may have failed first"
@@ -232,7 +232,7 @@ def bench_record(
             }
         )
     record.measurements = {"repeats": raw}
-    record.summary = summarize(per_repeat, SUMMARY_METRICS)
+    record.summary = summarise(per_repeat, SUMMARY_METRICS)
     record.notes = dict(notes or {})
     return record
 
