@@ -184,3 +184,56 @@ def test_dense_identity_has_only_the_original_fields() -> None:
     first = "name n_layers d_model n_heads n_kv_heads d_ff vocab_size ffn tied_embeddings seq_len"
     assert set(m.identity()) == set(first.split()) | {"norm", "bias", "position"}
     assert {"n_experts", "attention", "d_ff_expert"} <= set(load_model("deepseek-v3").identity())
+
+
+# Expert-parallel layout rules (issue 16 item 2) ---------------------------------------------------
+
+
+def _moe_violations(model: str, **kwargs: int) -> list[str]:
+    from scalelab.config.layout import rule_violations
+
+    m = load_model(model)
+    layout = Layout(gpus=kwargs.pop("gpus"), global_batch=64, seq_len=4096, **kwargs)
+    return [str(e) for e in rule_violations(layout, m, load_cluster("h100-ib"))]
+
+
+def test_ep_borrows_data_and_context_parallel_ranks() -> None:
+    # qwen3-30b-a3b: 128 experts. 64 GPUs, tp 2 -> dp 32: ep 32 over the dp ranks is fine,
+    # ep 64 needs expert_tp 1 (EP then also spans the TP ranks), and ep 128 is too many.
+    assert _moe_violations("qwen3-30b-a3b", gpus=64, tp=2, ep=32, expert_tp=2) == []
+    assert _moe_violations("qwen3-30b-a3b", gpus=64, tp=2, ep=64) == []
+    bad = _moe_violations("qwen3-30b-a3b", gpus=64, tp=2, ep=64, expert_tp=2)
+    assert len(bad) == 1 and bad[0].startswith("ep: ep (64) must divide dp (32)")
+    assert any("ep (128)" in v for v in _moe_violations("qwen3-30b-a3b", gpus=64, tp=2, ep=128))
+
+
+def test_ep_must_divide_the_experts_and_expert_tp_is_1_or_tp() -> None:
+    # mixtral-8x7b: 8 experts.
+    assert _moe_violations("mixtral-8x7b", gpus=16, ep=16) == [
+        "ep: ep (16) must divide n_experts (8)"
+    ]
+    assert _moe_violations("mixtral-8x7b", gpus=16, tp=4, expert_tp=2) == [
+        "expert_tp: expert_tp (2) must be 1 or tp (4)"
+    ]
+
+
+def test_ep_on_a_dense_model_is_refused() -> None:
+    bad = _moe_violations("llama2-7b", gpus=8, ep=2)
+    assert bad[0] == "ep: ep (2) and expert_tp (1) must be 1 for llama2-7b, which has no experts"
+
+
+def test_expert_dp_counts_the_ranks_sharing_an_expert() -> None:
+    from scalelab.config.layout import LayoutTable
+
+    layouts = [
+        Layout(gpus=64, global_batch=64, seq_len=4096, tp=2, ep=8, expert_tp=2),
+        Layout(gpus=64, global_batch=64, seq_len=4096, tp=2, ep=8),
+        Layout(gpus=64, global_batch=64, seq_len=4096, tp=2, cp=2, ep=16, expert_tp=2),
+    ]
+    # dp 32 / ep 8; dp 32 x tp 2 / ep 8; dp 16 x cp 2 / ep 16.
+    assert LayoutTable.from_layouts(layouts).expert_dp.tolist() == [4, 8, 2]
+    assert [x.label for x in layouts] == [
+        "fsdp tp2sp ep8 etp2",
+        "fsdp tp2sp ep8",
+        "fsdp tp2sp cp2 ep16 etp2",
+    ]

@@ -42,6 +42,8 @@ def random_table(rng: np.random.Generator, n: int) -> LayoutTable:
         pp_schedule=schedule,
         virtual_stages=np.where(zbv, 2, np.where(interleaved, pick([1, 2]), 1)).astype(np.int64),
         cp=cp.astype(np.int64),
+        ep=np.ones(n, dtype=np.int64),
+        expert_tp=np.ones(n, dtype=np.int64),
         micro_batch=mb.astype(np.int64),
         recompute=rng.integers(0, codes["recompute"], size=n),
         precision=rng.integers(0, codes["precision"], size=n),

@@ -136,6 +136,24 @@ class Layout(BaseModel):
         description="context-parallel degree: the sequence split over cp ranks, K/V exchanged in "
         "a ring (seq_len divisible by 2 x cp for load-balanced causal attention).",
     )
+    ep: int = Field(
+        default=1,
+        gt=0,
+        le=MAX_GPUS,
+        description="expert-parallel degree (MoE models only): each MoE layer's routed experts "
+        "are split over ep ranks and tokens reach them by AllToAll. EP takes no GPUs of its own: "
+        "it borrows ranks of the data-parallel x context-parallel groups (and of TP when "
+        "expert_tp is 1), as torchtitan and Megatron-Core do; so ep divides dp x cp x "
+        "(tp / expert_tp) and n_experts.",
+    )
+    expert_tp: int = Field(
+        default=1,
+        gt=0,
+        le=MAX_GPUS,
+        description="tensor-parallel degree of the experts (MoE models only): 1 (experts whole "
+        "on a rank, EP spans the TP ranks too; torchtitan's default) or tp (each expert split "
+        "like the dense MLP, torchtitan's etp = tp).",
+    )
     micro_batch: int = Field(
         default=1,
         gt=0,
@@ -231,7 +249,7 @@ class Layout(BaseModel):
     def parallelism_label(self) -> str:
         """The sharding and model-parallel degrees only: `fsdp tp2 pp4`, `hsdp8 cp2`."""
         parts = [self._sharding_name()]
-        for name in ("tp", "pp", "cp"):
+        for name in ("tp", "pp", "cp", "ep"):
             if getattr(self, name) > 1:
                 parts.append(f"{name}{getattr(self, name)}")
         return " ".join(parts)
@@ -247,6 +265,10 @@ class Layout(BaseModel):
                 parts.append(f"v{self.virtual_stages}")
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.expert_tp > 1:
+            parts.append(f"etp{self.expert_tp}")
         if self.micro_batch > 1:
             parts.append(f"mb{self.micro_batch}")
         if self.recompute != Recompute.NONE:
@@ -282,6 +304,8 @@ class Layout(BaseModel):
             parts.append(f"PP{self.pp} {self.pp_schedule}{chunks}")
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}" + (f" ETP{self.expert_tp}" if self.expert_tp > 1 else ""))
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != Recompute.NONE:
             parts.append(f"AC {self.recompute}")
@@ -311,6 +335,8 @@ class LayoutTable:
     pp_schedule: np.ndarray
     virtual_stages: np.ndarray
     cp: np.ndarray
+    ep: np.ndarray
+    expert_tp: np.ndarray
     micro_batch: np.ndarray
     recompute: np.ndarray
     precision: np.ndarray
@@ -455,6 +481,13 @@ class LayoutTable:
     def n_microbatches(self) -> np.ndarray:
         return np.maximum(1, self.global_batch // (self.dp * self.micro_batch))
 
+    @cached_property
+    def expert_dp(self) -> np.ndarray:
+        """Ranks holding the same experts (they reduce the experts' gradients together): the
+        dp x cp x (tp / expert_tp) ranks an expert spans, divided by ep."""
+        span = self.dp * self.cp * (self.tp // np.maximum(1, self.expert_tp))
+        return np.maximum(1, span // self.ep)
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -519,6 +552,42 @@ RULES: tuple[Rule, ...] = (
         "virtual_stages",
         lambda t, m, c: t.is_zbv & (t.virtual_stages != 2) & (t.pp > 1),
         lambda L, m, c: f"pp_schedule zbv needs virtual_stages 2, not {L.virtual_stages}",
+    ),
+    Rule(
+        "expert parallelism on a dense model",
+        "ep",
+        lambda t, m, c: ((t.ep > 1) | (t.expert_tp > 1)) & (m.n_experts == 0),
+        lambda L, m, c: (
+            f"ep ({L.ep}) and expert_tp ({L.expert_tp}) must be 1 for {m.name}, which has no "
+            "experts"
+        ),
+    ),
+    Rule(
+        "ep does not divide the experts",
+        "ep",
+        lambda t, m, c: (m.n_experts > 0) & (m.n_experts % t.ep != 0),
+        lambda L, m, c: f"ep ({L.ep}) must divide n_experts ({m.n_experts})",
+    ),
+    Rule(
+        "expert_tp neither 1 nor tp",
+        "expert_tp",
+        lambda t, m, c: (t.expert_tp != 1) & (t.expert_tp != t.tp),
+        lambda L, m, c: f"expert_tp ({L.expert_tp}) must be 1 or tp ({L.tp})",
+    ),
+    Rule(
+        "expert_tp does not divide the expert FFN",
+        "expert_tp",
+        lambda t, m, c: (m.n_experts > 0) & (m.expert_width % t.expert_tp != 0),
+        lambda L, m, c: f"expert_tp ({L.expert_tp}) must divide d_ff_expert ({m.expert_width})",
+    ),
+    Rule(
+        "ep does not divide the ranks it borrows",
+        "ep",
+        lambda t, m, c: (t.dp * t.cp * (t.tp // np.maximum(1, t.expert_tp))) % t.ep != 0,
+        lambda L, m, c: (
+            f"ep ({L.ep}) must divide dp ({L.dp}) x cp ({L.cp}) x tp/expert_tp "
+            f"({L.tp // max(1, L.expert_tp)}): expert parallelism borrows those ranks"
+        ),
     ),
     Rule(
         "cp does not divide the sequence",
