@@ -6,6 +6,9 @@
 # For each it prints tokens/s, MFU and HFU (against the cluster's dense bf16 peak), step time,
 # peak memory, GPU power and energy per token (NVML, GPU only), and, when the predictor is
 # installed, its numbers for the same layout. Target: MFU >= 45 % (compiled).
+# Then FP8 (torchao float8, compiled; FP8_RECIPES, default "tensorwise"): MFU against the
+# dense fp8 peak and the predictor's fp8 numbers (block linears fp8, attention and head bf16, as
+# the harness converts them); skipped with one line when torchao is not importable.
 #
 #   bash benchmarks/gpu_check.sh              # from the repository root or anywhere
 #   LAYERS=4 STEPS=10 bash benchmarks/gpu_check.sh
@@ -31,6 +34,7 @@ BATCH=${BATCH:-4}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
 REPEATS=${REPEATS:-3}
+FP8_RECIPES=${FP8_RECIPES:-tensorwise}  # "tensorwise rowwise" for both (about 2 min more)
 CLUSTER=${CLUSTER:-h200-ib}
 OUT=${OUT:-$(mktemp -d /tmp/scalelab-gpu-check.XXXXXX)}
 mkdir -p "$OUT"
@@ -51,7 +55,7 @@ stop() { echo "gpu_check: cannot start: $*" >&2; exit 2; }
 say "dependencies"
 have torch || stop "PyTorch is not installed for $PY (the check uses the machine's own PyTorch)"
 PYVER=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-if [ -n "$(missing)" ] || ! have pynvml; then
+if [ -n "$(missing)" ] || ! have pynvml || ! have torchao; then
     if compgen -G "$WHEELHOUSE/*.whl" >/dev/null; then
         # The wheels of the missing modules (all of pydantic's group when pydantic is missing:
         # an older typing-extensions here would break it), one version each, into $OUT/site.
@@ -60,7 +64,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-MODULE = {"pyyaml": "yaml", "markdown_it_py": "markdown_it", "nvidia_ml_py": "pynvml"}
+MODULE = {"pyyaml": "yaml", "markdown_it_py": "markdown_it", "nvidia_ml_py": "pynvml"}  # torchao: itself
 PYDANTIC = {"pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions"}
 need_pydantic = importlib.util.find_spec("pydantic") is None
 for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
@@ -140,9 +144,18 @@ run() {  # run NAME EXTRA_FLAGS...
 START=$(date +%s)
 run eager --no-compile
 [ "$SMOKE" = 1 ] || run compiled --compile
+if [ "$SMOKE" != 1 ]; then
+    if have torchao; then
+        for recipe in $FP8_RECIPES; do
+            run "fp8-$recipe" --compile --precision fp8 --fp8-recipe "$recipe"
+        done
+    else
+        echo "torchao not importable: FP8 cases skipped (carry its wheel: benchmarks/wheelhouse.sh)"
+    fi
+fi
 echo "wall: $(( $(date +%s) - START )) s"
 
-say "summary (GPU energy only, not the node; MFU against the cluster's dense bf16 peak)"
+say "summary (GPU energy only, not the node; MFU against the dense peak of the run's precision)"
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -156,7 +169,8 @@ def m(summary, key, scale=1.0):
     return f"{s['mean'] * scale:.4g}{std}"
 
 rows = []
-for name in ("eager", "compiled"):
+names = ["eager", "compiled"] + sorted(p.name for p in Path(sys.argv[1]).glob("fp8-*") if p.is_dir())
+for name in names:
     if not Path(sys.argv[1], name).exists():
         continue  # not run (SMOKE=1 runs eager only)
     paths = sorted(Path(sys.argv[1], name).glob("*.json"))
@@ -182,7 +196,7 @@ for name in ("eager", "compiled"):
         if mem is not None:
             print(f"  predicted peak memory {mem / 2**30:.3g} GiB (measured: reserved above)")
     mfu = (s.get("mfu") or {}).get("mean")
-    rows.append({"run": name, "tokens_per_s": (s.get("tokens_per_s") or {}).get("mean"), "mfu": mfu,
+    rows.append({"run": name, "precision": (r.layout or {}).get("precision"), "tokens_per_s": (s.get("tokens_per_s") or {}).get("mean"), "mfu": mfu,
                  "energy_per_token_j": (s.get("energy_per_token_j") or {}).get("mean"),
                  "power_w_per_gpu": (s.get("power_w_per_gpu") or {}).get("mean"),
                  "predicted_tokens_per_s": p.get("tokens_per_s"), "predicted_mfu": p.get("mfu"),
@@ -194,7 +208,7 @@ print("JSON " + json.dumps(rows))
 if not rows:
     print("\nno run finished: see the bench output above (MFU target not judged)")
     sys.exit(1)
-mfus = [r["mfu"] for r in rows if r["mfu"] is not None]
+mfus = [r["mfu"] for r in rows if r["mfu"] is not None and r["precision"] != "fp8"]
 if not mfus:
     print("\nMFU target 45 %: not judged (no GPU peak: a CPU run)")
 else:

@@ -16,7 +16,8 @@ PYVER=${1:-3.12}
 DIR=${2:-.whl}
 PY=${PYTHON:-python3}
 DISTS=(pydantic pydantic-core annotated-types typing-inspection typing-extensions numpy pyyaml
-       typer shellingham annotated-doc rich markdown-it-py mdurl pygments nvidia-ml-py)
+       typer shellingham annotated-doc rich markdown-it-py mdurl pygments nvidia-ml-py
+       torchao)  # torchao: the fp8 extra (gpu_check's FP8 case; abi3 wheel, 3.4 MB)
 mkdir -p "$DIR"
 mapfile -t PINS < <("$PY" - "${DISTS[@]}" <<'PYEOF'
 import importlib.metadata as md
@@ -31,6 +32,7 @@ PYEOF
 )
 "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d "$DIR" "${PINS[@]}"
 echo "wheelhouse $DIR for Python $PYVER: $(ls "$DIR"/*.whl | wc -l) wheels, $(du -sh "$DIR" | cut -f1)"

@@ -94,8 +94,15 @@ def main() -> None:
         dtype = case.pop("compute_dtype", "fp32")
         grad_sync = case.pop("grad_sync", "step")
         count = case.pop("count_collectives", False)
+        fp8 = {k: case.pop(k) for k in ("fp8_recipe", "fp8_all_gather") if k in case}
         options = BenchOptions(
-            steps=steps, warmup=0, repeats=1, lr=3e-3, compute_dtype=dtype, grad_sync=grad_sync
+            steps=steps,
+            warmup=0,
+            repeats=1,
+            lr=3e-3,
+            compute_dtype=dtype,
+            grad_sync=grad_sync,
+            **fp8,
         )
         layout = build_layout(gpus=info.world_size, **(DEFAULTS | case))
         trainer = Trainer(spec, layout, options, info)
@@ -104,6 +111,9 @@ def main() -> None:
             "loss": losses,
             "local_seq_len": trainer.local_seq_len,
             "local_numel": sum(_local_numel(p) for p in trainer.params),
+            "fp8_modules": sum(
+                type(m).__name__ == "Float8Linear" for s in trainer.modules for m in s.modules()
+            ),
         }
         if count:
             results[name]["collectives"] = _count_collectives(trainer, steps)

@@ -56,7 +56,13 @@ def _only_record(out: Path) -> Path:
         (["gpt3-175b"], "model"),
         (["llama-tiny", "--sharding", "zero3"], "sharding"),
         (["llama-tiny", "--nproc-per-node", "3", "--tp", "3"], "tp"),
-        (["llama-tiny", "--precision", "fp8"], "precision"),
+        (["llama-tiny", "--precision", "fp8", "--fp8-all-gather"], "fp8-all-gather"),
+        (["llama-tiny", "--fp8-recipe", "rowwise"], "fp8-recipe"),
+        (["llama-tiny", "--precision", "fp8", "--fp8-recipe", "blockwise"], "fp8-recipe"),
+        (
+            ["llama-tiny", "--nproc-per-node", "2", "--tp", "2", "--precision", "fp8"],
+            "sp",
+        ),
         (["llama-tiny", "--nproc-per-node", "2", "--tp", "2", "--sharding", "ddp"], "sharding"),
         (
             ["llama-tiny", "--nproc-per-node", "2", "--pp", "2", "--global-batch", "1"],

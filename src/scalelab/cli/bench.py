@@ -50,6 +50,20 @@ GradSyncOpt = Annotated[
         help="step: reduce gradients once per step (no_sync on earlier micro-batches) | microbatch",
     ),
 ]
+Fp8RecipeOpt = Annotated[
+    str,
+    typer.Option(
+        "--fp8-recipe",
+        help="with --precision fp8: torchao float8 scaling, tensorwise | rowwise",
+    ),
+]
+Fp8AllGatherOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fp8-all-gather/--no-fp8-all-gather",
+        help="with --precision fp8, tensorwise and FSDP: gather weights in fp8 (torchao)",
+    ),
+]
 DataOpt = Annotated[
     str | None, typer.Option("--data", help="token file (.npy, or uint16 .bin); default synthetic")
 ]
@@ -101,6 +115,8 @@ def bench(
     compile: CompileOpt = False,
     compute_dtype: DtypeOpt = "auto",
     grad_sync: GradSyncOpt = "step",
+    fp8_recipe: Fp8RecipeOpt = "tensorwise",
+    fp8_all_gather: Fp8AllGatherOpt = False,
     data: DataOpt = None,
     profile: ProfileOpt = False,
     profile_steps: ProfileStepsOpt = 3,
@@ -140,11 +156,13 @@ def bench(
     at_most("warmup", warmup, MAX_COUNT)
     choice("compute-dtype", compute_dtype, ("auto", "fp32", "bf16"))
     choice("grad-sync", grad_sync, ("step", "microbatch"))
+    choice("fp8-recipe", fp8_recipe, ("tensorwise", "rowwise"))
     try:
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,
             compile=compile, compute_dtype=compute_dtype, data=data, profile=profile,  # type: ignore[arg-type]
             grad_sync=grad_sync,  # type: ignore[arg-type]
+            fp8_recipe=fp8_recipe, fp8_all_gather=fp8_all_gather,  # type: ignore[arg-type]
             profile_steps=profile_steps, timeout_s=timeout_s, predict=predict,
             out_dir=str(out),
         )  # fmt: skip
@@ -182,6 +200,13 @@ def bench(
     check(built, spec, local)
     check_layout(built, spec)
     check_layout_options(options, built)
+    if built.precision == "fp8":
+        from scalelab.measure import fp8
+
+        if gpu is not None:
+            fp8.check_local_device()
+        else:
+            fp8.check_gloo(fp8_recipe, built.tp, built.sequence_parallel)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None

@@ -88,6 +88,8 @@ def measure_bench(job: BenchJob, info: Any, identity: RunIdentity) -> Record:
     record.workload["compute_dtype"] = trainer.compute_dtype
     if trainer.precision_note:
         record.notes["compute_dtype"] = trainer.precision_note
+    if trainer.fp8_note:
+        record.notes["precision"] = trainer.fp8_note
     record.workload["reshard_after_forward_applied"] = trainer.reshard_after_forward
     record.workload["mesh"] = {
         "pp": trainer.dims.pp,

@@ -17,6 +17,7 @@ from scalelab.errors import InputError
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
 GradSync = Literal["step", "microbatch"]
+Fp8Recipe = Literal["tensorwise", "rowwise"]
 
 
 class BenchOptions(BaseModel):
@@ -38,6 +39,22 @@ class BenchOptions(BaseModel):
             "when gradients are reduced with gradient accumulation: once per optimizer step "
             "(DDP no_sync / FSDP2 set_requires_gradient_sync(False) on the earlier micro-batches, "
             "as the predictor assumes) or on every micro-batch; pipelines always reduce per step"
+        ),
+    )
+    fp8_recipe: Fp8Recipe = Field(
+        "tensorwise",
+        description=(
+            "with --precision fp8: torchao's float8 scaling, one scale per tensor (tensorwise) "
+            "or per row (rowwise); a harness choice like torchtitan's float8.recipe_name, "
+            "which the predictor does not distinguish (one fp8 GEMM efficiency per cluster)"
+        ),
+    )
+    fp8_all_gather: bool = Field(
+        False,
+        description=(
+            "with --precision fp8, tensorwise and FSDP: gather the fp8 weights (torchao's "
+            "enable_fsdp_float8_all_gather, scales precomputed after each optimizer step); off "
+            "as in torchtitan, and as the predictor prices gathers (bf16)"
         ),
     )
     data: str | None = Field(
@@ -81,9 +98,9 @@ def check_model(model: ModelSpec) -> None:
 def check_layout(layout: Layout, model: ModelSpec) -> None:
     """Layouts the predictor accepts but this harness cannot run, each with its reason."""
     if layout.precision == Precision.FP8:
-        raise InputError(
-            "precision", "bench trains in bf16 (fp8 linears need torchao); use --precision bf16"
-        )
+        from scalelab.measure.fp8 import require_torchao
+
+        require_torchao()
     if layout.sharding in (Sharding.DDP, Sharding.ZERO1) and layout.tp > 1:
         raise InputError(
             "sharding",
@@ -139,6 +156,21 @@ def check_layout_options(options: BenchOptions, layout: Layout) -> None:
             "compile",
             "--compile with pp_schedule zbv: PyTorch's ZBV schedule does not support compiled "
             "stage modules (RuntimeError at start); use --no-compile or another schedule",
+        )
+    if layout.precision != Precision.FP8 and (
+        options.fp8_all_gather or options.fp8_recipe != "tensorwise"
+    ):
+        field = "fp8-all-gather" if options.fp8_all_gather else "fp8-recipe"
+        raise InputError(field, f"--{field} needs --precision fp8")
+    if options.fp8_all_gather and (
+        options.fp8_recipe != "tensorwise"
+        or layout.sharding not in (Sharding.FSDP, Sharding.ZERO2, Sharding.HSDP)
+        or layout.dp * layout.cp == 1
+    ):
+        raise InputError(
+            "fp8-all-gather",
+            "fp8 all-gather needs the tensorwise recipe and FSDP (fsdp, zero2 or hsdp) over more "
+            "than one rank (torchao enable_fsdp_float8_all_gather)",
         )
     if options.grad_sync == "microbatch" and layout.pp > 1:
         raise InputError(

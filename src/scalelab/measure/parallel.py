@@ -180,10 +180,15 @@ def build_schedule(
 
 
 def apply_tp(
-    model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    block_styles: tuple[Any, Any, Any] | None = None,
 ) -> None:
     """Megatron-style TP: column-parallel q/k/v and w1/w3, row-parallel wo/w2, vocab-parallel
-    embedding and output; with SP the norms and the residual stream are sharded on the sequence."""
+    embedding and output; with SP the norms and the residual stream are sharded on the sequence.
+    `block_styles` (colwise, rowwise, prepare-input) replace the blocks' styles (FP8: `fp8.tp_styles`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -193,6 +198,11 @@ def apply_tp(
         parallelize_module,
     )
 
+    colwise, rowwise, prepare_input = block_styles or (
+        ColwiseParallel,
+        RowwiseParallel,
+        PrepareModuleInput,
+    )
     m: Any = model
     seq_layout = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, Any] = {}
@@ -212,23 +222,23 @@ def apply_tp(
         parallelize_module(m, tp_mesh, plan)
     for block in m.layers.values():
         layer_plan: dict[str, Any] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=seq_layout),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq_layout),
-            "feed_forward.w3": ColwiseParallel(),
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+            "attention.wo": rowwise(output_layouts=seq_layout),
+            "feed_forward.w1": colwise(),
+            "feed_forward.w2": rowwise(output_layouts=seq_layout),
+            "feed_forward.w3": colwise(),
         }
         if sequence_parallel:
             layer_plan |= {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(
+                "attention": prepare_input(
                     input_layouts=(Shard(1), None, None),
                     desired_input_layouts=(Replicate(), None, None),
                 ),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(
+                "feed_forward": prepare_input(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 ),
             }

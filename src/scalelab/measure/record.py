@@ -101,7 +101,11 @@ def workload(job: BenchJob) -> dict[str, Any]:
         "grad_sync": "step" if job.layout.pp > 1 else options.grad_sync,
         "data": options.data or "synthetic",
         "profile": options.profile,
-    }
+    } | (
+        {"fp8_recipe": options.fp8_recipe, "fp8_all_gather": options.fp8_all_gather}
+        if layout.precision == "fp8"
+        else {}
+    )
 
 
 def comm_workload(job: CommJob, world_size: int | None = None, **facts: Any) -> dict[str, Any]:

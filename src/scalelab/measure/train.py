@@ -34,7 +34,7 @@ from torch.nn import functional
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.options import AttentionKernel, PipelineSchedule, Sharding
+from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision, Sharding
 from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
@@ -273,10 +273,30 @@ class Trainer:
             layout.reshard_after_forward and layout.sharding != Sharding.ZERO2 and layout.pp == 1
         )
         self.reshard_after_forward = reshard and self.uses_fsdp
+        self.fp8 = layout.precision == Precision.FP8
+        self.fp8_all_gather = self.fp8 and options.fp8_all_gather and self.uses_fsdp
+        self.fp8_note: str | None = None
+        block_styles = None
+        if self.fp8:  # torchtitan's Float8Converter: convert before parallelising
+            from scalelab.measure import fp8
+
+            recipe = options.fp8_recipe
+            fp8.check_local_device()
+            if device.type != "cuda":
+                fp8.check_gloo(recipe, layout.tp, layout.sequence_parallel)
+            n_fp8 = sum(len(fp8.convert(m, recipe, self.fp8_all_gather)) for _, m in stage_modules)
+            block_styles = fp8.tp_styles(recipe)
+            self.fp8_note = fp8.note(recipe, n_fp8, self.fp8_all_gather, layout.tp > 1)
         self.stages: list[tuple[int, nn.Module]] = []
         for index, module in stage_modules:
             if layout.tp > 1:
-                apply_tp(module, self.meshes["tp"], layout.sequence_parallel, self.loss_parallel)
+                apply_tp(
+                    module,
+                    self.meshes["tp"],
+                    layout.sequence_parallel,
+                    self.loss_parallel,
+                    block_styles,
+                )
             apply_ac(module, layout.recompute)
             if options.compile:
                 apply_compile(module)
@@ -379,6 +399,10 @@ class Trainer:
         with torch.profiler.record_function("scalelab::clip_grad_norm"):
             norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group)
         self.optimizer.step()
+        if self.fp8_all_gather:
+            from scalelab.measure.fp8 import precompute_scales
+
+            precompute_scales(self.modules)
         return loss, norm
 
     def _grad_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
