@@ -54,6 +54,20 @@ COMPUTE = (
     "overlap_slowdown",
 )
 POWER = ("compute_power_fraction",)
+# CPU ranks (a cluster whose "GPU" is a CPU core): every op runs on the host, so a step's time is
+# mostly per-op host cost, and the micro-batch's own host cost is a mechanism of its own.
+CPU_HOST = ("microbatch_overhead_us", "tp_layer_overhead_us")
+# What CPU step times cannot determine, and why: these are kept at the base's values (set them
+# from a microbenchmark: benchmarks/calibrate_cpu.py measures the matmul rate and the copy
+# bandwidth and puts them in the cluster as its peak and bandwidth, with efficiencies 1).
+CPU_UNDETERMINED: dict[str, str] = {
+    "gemm_efficiency": "only its product with the peak enters a prediction: measure the peak "
+    "(a matmul's FLOP/s) and keep the efficiency at 1",
+    "hbm_efficiency": "only its product with the memory bandwidth enters: measure the bandwidth",
+    "attention_efficiency": "attention is a few per cent of a small model's CPU step: collinear "
+    "with the per-layer host overhead",
+    "overlap_slowdown": "nothing overlaps on CPU (FSDP2 unshards synchronously): 1",
+}
 BOUNDS: dict[str, tuple[float, float]] = {
     "nvlink_bus_efficiency": (0.01, 1.2),
     "nvlink_step_latency_us": (0.0, 20_000.0),
@@ -70,6 +84,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "fp8_efficiency_ratio": (0.05, 1.0),
     "hbm_efficiency": (0.01, 1.0),
     "layer_overhead_us": (0.0, 1_000_000.0),
+    "microbatch_overhead_us": (0.0, 1_000_000.0),
+    "tp_layer_overhead_us": (0.0, 1_000_000.0),
     "collective_overhead_us": (0.0, 1_000_000.0),
     "step_overhead_ms": (0.0, 100_000.0),
     "overlap_slowdown": (0.0, 1.0),
@@ -114,6 +130,11 @@ class FitResult:
     residuals: list[dict[str, Any]] = field(default_factory=list)
     error_before: float = 0.0
     error_after: float = 0.0
+    # Groups of fitted parameters the data moves only together (nearly collinear columns of the
+    # Jacobian at the start): each group's members are not separately determined.
+    collinear: list[list[str]] = field(default_factory=list)
+    # Parameters left out of the fit on purpose, with the reason (CPU_UNDETERMINED on CPU).
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -155,13 +176,23 @@ def _predict_all(
     return comm_pred, step_pred
 
 
-def free_parameters(comm_points: list[CommPoint], step_points: list[StepPoint]) -> list[str]:
+def is_cpu(cluster: ClusterSpec) -> bool:
+    return cluster.gpu.device == "cpu"
+
+
+def free_parameters(
+    comm_points: list[CommPoint], step_points: list[StepPoint], cpu: bool = False
+) -> list[str]:
+    """What the observations can inform; on CPU ranks (`cpu`) the host overheads, without the
+    efficiencies that CPU step times cannot separate (`CPU_UNDETERMINED`)."""
     names: list[str] = []
     if any(p.ranks_per_node > 1 for p in comm_points):
         names += COMM_INTRA
     if any(p.ranks > p.ranks_per_node for p in comm_points):
         names += COMM_INTER
-    if step_points:
+    if step_points and cpu:
+        names += [n for n in COMPUTE if n not in CPU_UNDETERMINED] + list(CPU_HOST)
+    elif step_points:
         names += COMPUTE
     if any(p.power_w_per_gpu is not None for p in step_points):
         names += POWER
@@ -184,7 +215,9 @@ def fit(
         raise InputError(
             "records", "no usable measurement in the records (need ok comm or bench records)"
         )
-    names = names or free_parameters(comm_points, step_points)
+    cpu = is_cpu(cluster)
+    reasons = {} if names or not cpu or not step_points else dict(CPU_UNDETERMINED)
+    names = names or free_parameters(comm_points, step_points, cpu)
     base = cluster.params.model_dump()
     lo = np.array([BOUNDS[n][0] for n in names])
     hi = np.array([BOUNDS[n][1] for n in names])
@@ -215,19 +248,22 @@ def fit(
     # Parameters the data cannot move (a flat Jacobian column at the start) are left out.
     r0 = residuals(x0)
     sensitivity = np.zeros(len(names))
+    columns = np.zeros((len(r0), len(names)))
     for j in range(len(names)):
         step = np.zeros(len(names))
         step[j] = max(abs(x0[j]) * 0.05, 1e-3)
         probe = (
             np.clip(x0 + step, lo, hi) if x0[j] + step[j] <= hi[j] else np.clip(x0 - step, lo, hi)
         )
-        sensitivity[j] = float(np.linalg.norm(residuals(probe) - r0))
+        columns[:, j] = residuals(probe) - r0
+        sensitivity[j] = float(np.linalg.norm(columns[:, j]))
     undetermined = [
         n
         for n, v in zip(names, sensitivity, strict=True)
         if v < 1e-4 * max(sensitivity.max(), 1e-12)
     ]
     keep = [j for j, n in enumerate(names) if n not in undetermined]
+    collinear = collinear_groups([names[j] for j in keep], columns[:, keep])
     fitted: dict[str, float] = {}
     if keep:
         kept = [names[j] for j in keep]
@@ -293,7 +329,31 @@ def fit(
         residuals=rows,
         error_before=float(np.mean([abs(r["error_before"]) for r in rows])),
         error_after=float(np.mean([abs(r["error_after"]) for r in rows])),
+        collinear=collinear,
+        reasons=reasons,
     )
+
+
+def collinear_groups(
+    names: list[str], columns: np.ndarray, threshold: float = 0.02
+) -> list[list[str]]:
+    """Parameters whose (unit-scaled) Jacobian columns are nearly linearly dependent: for each
+    singular value below `threshold` x the largest, the parameters that carry most of its right
+    singular vector move the residuals only together (the data fixes a combination of them)."""
+    if len(names) < 2 or not np.isfinite(columns).all():
+        return []
+    norms = np.linalg.norm(columns, axis=0)
+    if (norms <= 0).any():
+        return []
+    _, sv, vt = np.linalg.svd(columns / norms, full_matrices=False)
+    groups: list[list[str]] = []
+    for value, vector in zip(sv, vt, strict=True):
+        if value < threshold * sv[0]:
+            weight = np.abs(vector)
+            members = [n for n, w in zip(names, weight, strict=True) if w >= 0.3 * weight.max()]
+            if len(members) > 1:
+                groups.append(members)
+    return groups
 
 
 def calibrated_cluster(cluster: ClusterSpec, result: FitResult, name: str) -> ClusterSpec:

@@ -104,6 +104,12 @@ def calibrate(
         console.print(
             f"the records could not determine: {', '.join(result.undetermined)} (kept from {cluster.name})"
         )
+    for group in result.collinear:
+        console.print(
+            f"moved only together by these records (not separately determined): {', '.join(group)}"
+        )
+    for name, reason in result.reasons.items():
+        console.print(f"not fitted on CPU ranks, {name}: {reason}")
     if skipped:
         console.print(f"skipped records: {skipped}")
     console.print(

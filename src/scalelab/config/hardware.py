@@ -198,6 +198,34 @@ class ClusterParams(BaseModel):
         ge=0,
         description="µs of host and kernel-launch overhead per layer per forward (twice in backward). Fitted to published runs / measured steps.",
     )
+    microbatch_overhead_us: float = Field(
+        0.0,
+        ge=0,
+        description="µs of host cost per micro-batch outside the layers (embedding, head, loss, "
+        "autograd engine start, the micro-batch's slicing and hooks): 0 on GPU, where it hides "
+        "behind queued kernels; fitted by `calibrate` on CPU, where every op runs on the host.",
+    )
+    tp_layer_overhead_us: float = Field(
+        0.0,
+        ge=0,
+        description="µs of extra host cost per layer per forward (twice in backward) under tensor "
+        "parallelism (DTensor dispatch of every op in a TP block): 0 on GPU, where it hides behind "
+        "queued kernels; fitted by `calibrate` on CPU.",
+    )
+    ddp_bucket_mib: float = Field(
+        0.0,
+        ge=0,
+        description="MiB of gradients per DDP AllReduce (PyTorch DDP's bucket_cap_mb, 25): DDP then "
+        "issues ceil(gradient bytes / bucket) AllReduces after backward instead of one per layer; 0 "
+        "keeps one per layer overlapped with backward (what the GPU clusters were calibrated with).",
+    )
+    compute_bytes: float = Field(
+        2.0,
+        gt=0,
+        description="bytes per element of the training dtype in activations, parameter gathers "
+        "and activation communication: 2 (bf16 on GPUs); 4 on CPU ranks, where the harness "
+        "trains in fp32.",
+    )
     collective_overhead_us: float = Field(
         0.0,
         ge=0,

@@ -55,7 +55,7 @@ def gemm_time(
     p = cluster.params
     flops = 2.0 * m * k * n
     compute = (flops + p.gemm_half_gflop * 1e9) / (peak_flops * p.gemm_efficiency)
-    traffic = BF16_BYTES * (m * k + k * n + m * n)
+    traffic = p.compute_bytes * (m * k + k * n + m * n)
     memory = traffic / (cluster.gpu.hbm_bytes_per_s * p.hbm_efficiency)
     return np.asarray(np.maximum(compute, memory))
 
@@ -103,7 +103,7 @@ def layer_compute(
     score_elems = micro_batch * (heads / tp_f) * (seq_len / cp) * seq_len
     score_passes = np.where(attention == AttentionKernel.FUSED.code, 3.0, 6.0)
     materialised_fwd = 2.0 * attn_flops_causal / (bf16_peak * p.gemm_efficiency) + (
-        score_passes * BF16_BYTES * score_elems / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+        score_passes * p.compute_bytes * score_elems / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
     )
     materialised = (attention == AttentionKernel.MATH.code) | (
         attention == AttentionKernel.FUSED.code
@@ -112,21 +112,24 @@ def layer_compute(
     attn_bwd = np.where(materialised, 2.0 * materialised_fwd, FLASH_BACKWARD_FLOP_RATIO * flash_fwd)
 
     sp_tokens = np.where(sequence_parallel, tokens / tp_f, tokens)
-    elem_bytes = BF16_BYTES * (
+    elem_bytes = p.compute_bytes * (
         sp_tokens * 10.0 * d + tokens * (2.0 * (d / tp_f + kv_local) + 4.0 * ff / tp_f)
     )
     elem_fwd = elem_bytes / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
-    overhead = p.layer_overhead_us * 1e-6
+    overhead = (p.layer_overhead_us + np.where(tp > 1, p.tp_layer_overhead_us, 0.0)) * 1e-6
 
     forward = gemm_fwd + attn_fwd + elem_fwd + overhead
     backward = 2.0 * gemm_fwd + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
 
     vocab = model.vocab_size
+    # The host cost of a micro-batch outside the layers (0 on GPU), a third in forward as for
+    # the layers, is carried with the head (once per micro-batch, per pipeline stage).
+    micro = p.microbatch_overhead_us * 1e-6
     head_fwd = gemm_time(tokens, d, vocab / tp_f, bf16_peak, cluster) + (
-        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency) + micro / 3.0
     )
     head_bwd = 2.0 * gemm_time(tokens, d, vocab / tp_f, bf16_peak, cluster) + (
-        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+        tokens * vocab / tp_f * 10.0 / (gpu.hbm_bytes_per_s * p.hbm_efficiency) + 2.0 * micro / 3.0
     )
     return LayerCompute(
         forward_s=forward,

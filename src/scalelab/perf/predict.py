@@ -41,7 +41,7 @@ from scalelab.perf.power import average_power_w
 from scalelab.perf.schedule import pipeline_bubble_units, simulate_microbatch
 
 GRAD_REDUCE_BYTES = FP32_BYTES
-PARAM_GATHER_BYTES = BF16_BYTES
+PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
 
 ASSUMPTIONS = (
     "bf16 compute with fp32 master weights, gradients reduced in fp32, AdamW (torchtitan defaults)",
@@ -206,7 +206,9 @@ def tensor_parallel(ctx: StepContext) -> np.ndarray:
     cluster = ctx.cluster
     t, sp = ctx.tp, ctx.sequence_parallel
     tp_group = comm.group_shape(t, ctx.ones, cluster)
-    act_bytes = BF16_BYTES * ctx.micro_batch * ctx.seq_len / ctx.cp * ctx.model.d_model
+    act_bytes = (
+        cluster.params.compute_bytes * ctx.micro_batch * ctx.seq_len / ctx.cp * ctx.model.d_model
+    )
     uses_sp, uses_ar = (t > 1) & sp, (t > 1) & ~sp
     tp_sp = 2.0 * (
         comm.collective_time_where(uses_sp, comm.ALL_GATHER, act_bytes, tp_group, cluster)
@@ -230,7 +232,7 @@ def context_parallel(ctx: StepContext) -> ContextParallelCost:
     cp, lc = ctx.cp, ctx.compute
     cp_group = comm.group_shape(cp, ctx.tp, ctx.cluster)
     kv_local = ctx.model.kv_dim * ctx.model.kv_replication(ctx.tp_f) / ctx.tp_f
-    kv_bytes = 2.0 * BF16_BYTES * ctx.micro_batch * ctx.seq_len * kv_local
+    kv_bytes = 2.0 * ctx.cluster.params.compute_bytes * ctx.micro_batch * ctx.seq_len * kv_local
     cp_ring = comm.collective_time_where(cp > 1, comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
     return ContextParallelCost(
         forward_s=np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0),
@@ -273,7 +275,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     shard_group = comm.group_shape(ctx.shard_ranks, ctx.tp, cluster)
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
     layer_params = model.layer_params_per_tp_rank(tp_f)
-    layer_param_bytes = PARAM_GATHER_BYTES * layer_params
+    layer_param_bytes = cluster.params.compute_bytes * layer_params  # bf16 on GPUs
     layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
     ag = comm.collective_time_where(
@@ -298,6 +300,8 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
         np.where(table.is_zero, rs_shard, ar_full),
     )
     grad_reduce = np.where(dp_cp > 1, grad_reduce + ctx.call_s, 0.0)
+    # DDP with buckets (`ddp_bucket_mib` > 0, CPU): no per-layer AllReduce (`ddp_buckets`).
+    grad_reduce = np.where(bucketed_ddp(ctx), 0.0, grad_reduce)
     ag = np.where((ctx.shard_ranks > 1) & full_shard, ag + ctx.call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
     root_scale = root_params / layer_params
@@ -388,7 +392,7 @@ def pipeline_parallel(
     bubble = bubble_units * (stage_fwd + stage_bwd)
     p2p_group = comm.group_shape(2 * ctx.ones.astype(np.int64), ctx.table.gpus // pp, ctx.cluster)
     p2p_bytes = (
-        BF16_BYTES
+        ctx.cluster.params.compute_bytes
         * ctx.micro_batch
         * ctx.seq_len
         / ctx.cp
@@ -417,23 +421,51 @@ def pipeline_parallel(
     )
 
 
-def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray, np.ndarray]:
-    """AdamW over the parameters this GPU owns, and ZeRO-1/2's parameter AllGather after it."""
-    model, table = ctx.model, ctx.table
+def stage_parameters(ctx: StepContext, dpc: DataParallelCost) -> np.ndarray:
+    """Parameters one rank holds before data-parallel sharding: its stage's layers and root."""
     is_pp = ctx.pp > 1
-    stage_params = ctx.layers_per_stage * model.layer_params_per_tp_rank(ctx.tp_f) + np.where(
+    return ctx.layers_per_stage * ctx.model.layer_params_per_tp_rank(ctx.tp_f) + np.where(
         is_pp, dpc.root_params / 2, dpc.root_params
     )
+
+
+def bucketed_ddp(ctx: StepContext) -> np.ndarray:
+    """Layouts whose gradients DDP reduces in buckets (`ddp_bucket_mib` > 0): DDP, and ZeRO-1,
+    which the harness runs as DDP with PyTorch's ZeroRedundancyOptimizer."""
+    table = ctx.table
+    if ctx.cluster.params.ddp_bucket_mib <= 0:
+        return np.zeros(ctx.n, dtype=bool)
+    return table.is_ddp | (table.is_zero & ~table.is_zero2)
+
+
+def ddp_buckets(ctx: StepContext, dpc: DataParallelCost) -> np.ndarray:
+    """DDP's bucketed gradient AllReduces after the last backward (`ddp_bucket_mib` > 0): one
+    per bucket, each with its host call, exposed (small models fill one bucket, issued at the
+    end of backward); 0 where DDP reduces per layer (the default) or for other shardings."""
+    bucket = ctx.cluster.params.ddp_bucket_mib * 2**20
+    if bucket <= 0:
+        return np.zeros(ctx.n)
+    grad_bytes = GRAD_REDUCE_BYTES * stage_parameters(ctx, dpc)
+    n_buckets = np.maximum(1.0, np.ceil(grad_bytes / bucket))
+    issues = bucketed_ddp(ctx) & (ctx.dp_cp > 1)
+    ar = comm.collective_time_where(
+        issues, comm.ALL_REDUCE, grad_bytes / n_buckets, dpc.shard_group, ctx.cluster
+    )
+    return np.where(issues, n_buckets * (ar + ctx.call_s), 0.0)
+
+
+def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray, np.ndarray]:
+    """AdamW over the parameters this GPU owns, and ZeRO-1/2's parameter AllGather after it."""
+    table = ctx.table
+    stage_params = stage_parameters(ctx, dpc)
     opt_div = np.where(table.is_ddp, 1, ctx.shard_ranks)
     optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
+    gathers = table.is_zero & (ctx.dp_cp > 1)
     zero_ag = comm.collective_time_where(
-        table.is_zero & (ctx.dp_cp > 1),
-        comm.ALL_GATHER,
-        PARAM_GATHER_BYTES * stage_params,
-        dpc.shard_group,
-        ctx.cluster,
-    )
-    return optimizer_s, zero_ag
+        gathers, comm.ALL_GATHER, ctx.cluster.params.compute_bytes * stage_params,
+        dpc.shard_group, ctx.cluster,
+    )  # fmt: skip
+    return optimizer_s, zero_ag + np.where(gathers, ctx.call_s, 0.0)
 
 
 # The composition. ------------------------------------------------------------------------------
@@ -462,7 +494,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     main = _select(is_pp, pipeline_parallel(ctx, fwd, bwd, dpc), flat_step(ctx, fwd, bwd, dpc))
     optimizer_s, zero_ag = optimizer_step(ctx, dpc)
     overhead_s = np.full(ctx.n, cluster.params.step_overhead_ms * 1e-3)
-    step = main.time_s + optimizer_s + zero_ag + overhead_s
+    ddp_bucketed = ddp_buckets(ctx, dpc)
+    step = main.time_s + optimizer_s + zero_ag + overhead_s + ddp_bucketed
 
     # Totals per step, for the breakdown.
     m_f, layers = ctx.m_f, ctx.layers_per_stage
@@ -473,10 +506,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     ag_total = layers * dpc.all_gather_s * passes_with_ag + dpc.root_all_gather_s * np.where(
         is_pp, 1.0, m_f
     )
-    reduce_total = layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s
+    reduce_total = layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s + ddp_bucketed
     dp_total = ag_total + reduce_total
     share_ag = np.where(dp_total > 0, ag_total / np.maximum(dp_total, 1e-30), 0.0)
-    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag
+    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag + ddp_bucketed
     compute_s = main.compute_busy_s - tp_total - cp_total
 
     # Throughput and utilisation (definitions in scalelab.config.model).
