@@ -168,3 +168,35 @@ def test_gpu_fp8_linear_runs_on_fp8_hardware() -> None:
         logits = model(torch.randint(0, 256, (2, 32), device="cuda"))
     logits.float().mean().backward()
     assert torch.isfinite(model.layers["0"].feed_forward.w1.weight.grad).all()
+
+
+def test_predictor_prices_what_the_harness_converts() -> None:
+    """The predictor's fp8 speeds up the block GEMMs only; the attention core and the LM head
+    stay at bf16, as the harness leaves them (`fp8.SKIPPED_FQNS`, SDPA is not a linear)."""
+    import numpy as np
+    from torch import nn
+
+    from scalelab.config.catalog import load_cluster, load_model
+    from scalelab.config.options import AttentionKernel
+    from scalelab.measure import fp8
+    from scalelab.measure.model import build_model
+    from scalelab.perf.compute import layer_compute
+
+    spec, cluster = load_model("llama2-7b"), load_cluster("h100-ib")
+    one = np.ones(1)
+
+    def cost(is_fp8: bool) -> Any:
+        return layer_compute(
+            spec, cluster, micro_batch=one, seq_len=4096 * one, tp=one.astype(int),
+            cp=one.astype(int), sequence_parallel=np.zeros(1, bool),
+            fp8=np.array([is_fp8]), attention=np.array([AttentionKernel.FLASH.code]),
+        )  # fmt: skip
+
+    bf16, f8 = cost(False), cost(True)
+    assert f8.gemm_forward_s[0] < 0.75 * bf16.gemm_forward_s[0]
+    assert f8.attention_forward_s[0] == bf16.attention_forward_s[0]
+    assert f8.head_forward_s[0] == bf16.head_forward_s[0]
+    model = build_model(_tiny(), 32, "meta")
+    fp8.convert(model, "tensorwise")
+    plain = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+    assert plain == ["output"]  # every other linear (all in the blocks) runs in fp8
