@@ -2,9 +2,11 @@
 predict the rest, and print the error of step time in-sample and held out.
 
 1. Microbenchmarks (this process, one thread, fp32 as the CPU harness trains): matmul GFLOP/s
-   and memory bandwidth. They set the "GPU"'s peak and bandwidth of the cluster, so the
-   efficiencies that only multiply them (gemm_efficiency, hbm_efficiency) are fixed at 1 instead
-   of being fitted against overheads they are collinear with on tiny models.
+   (a square 512 matmul and one of the grid's size) and copy bandwidth. They set the "GPU"'s peak,
+   its small-GEMM knee and its bandwidth, so gemm_efficiency is the achieved fraction of a
+   measured matmul rate, and what the step times cannot separate (the knee, the bandwidth's
+   efficiency, attention: calibrate.CPU_UNDETERMINED) is measured or kept instead of absorbing
+   the host overheads.
 2. `scalelab comm --nproc-per-node 2`: the gloo collectives fit the intra-node collective
    parameters (latency, per-step latency, bus efficiency, ramp) on their own.
 3. One torchrun launch of 2 ranks trains every layout of the grid with the harness's `Trainer`
@@ -13,9 +15,10 @@ predict the rest, and print the error of step time in-sample and held out.
    ZeRO-1, HSDP, TP (with and without SP), PP (1F1B, GPipe, interleaved), selective recompute,
    several micro-batch counts. The step time of a layout is its fastest measured step (on shared
    cores other processes only slow a step down).
-4. Fit the host overheads (per layer, per collective, per micro-batch, per step) and the small-GEMM
-   knee on the training half: each layout is trained on one model and held out on the other, so
-   every held-out layout is a mechanism seen at another size.
+4. Fit what calibrate fits on CPU ranks (`free_parameters(cpu=True)`: gemm_efficiency and the host
+   overheads per layer, per TP layer, per collective, per micro-batch and per step) on the
+   training half, the collectives' parameters held: each layout is trained on one model and held
+   out on the other, so every held-out layout is a mechanism seen at another size.
 5. Print each layout's measured and predicted step time, and MAPE and Spearman's rank
    correlation in-sample and held out, with the load average.
 
@@ -84,22 +87,10 @@ LAYOUTS: list[tuple[str, dict[str, Any]]] = [
         {"sharding": "fsdp", "global_batch": 8, "micro_batch": 4, "recompute": "selective"},
     ),
 ]
-FIT = (
-    "layer_overhead_us",
-    "tp_layer_overhead_us",
-    "collective_overhead_us",
-    "microbatch_overhead_us",
-    "step_overhead_ms",
-)
-# What 2 CPU ranks of one machine cannot inform, and why (kept at the base or measured value).
-UNDETERMINED = {
-    "gemm_efficiency": "only its product with the peak matters: the peak is measured (matmul) and the efficiency fixed at 1",
-    "gemm_half_gflop": "collinear with the per-layer overhead (both scale with layers): set from a small matmul's rate",
-    "hbm_efficiency": "likewise with the bandwidth (measured by a copy)",
-    "attention_efficiency": "attention is a few % of a tiny model's step: collinear with the per-layer overhead",
+# Beyond calibrate's CPU_UNDETERMINED: what 2 CPU ranks of one machine cannot inform at all.
+NOT_INFORMED = {
     "fp8_efficiency_ratio": "no fp8 run",
-    "overlap_slowdown": "nothing overlaps on CPU (FSDP2 unshards synchronously): fixed at 1",
-    "net_*": "one node: no collective crosses a network",
+    "net_* collective parameters": "one node: no collective crosses a network",
     "compute_power_fraction": "no GPU energy counter",
 }
 
@@ -263,7 +254,14 @@ def main() -> None:
 
     import numpy as np
 
-    from scalelab.calibrate import CommPoint, StepPoint, fit, points_from_records
+    from scalelab.calibrate import (
+        CPU_UNDETERMINED,
+        CommPoint,
+        StepPoint,
+        fit,
+        free_parameters,
+        points_from_records,
+    )
     from scalelab.config.catalog import load_cluster, load_model
     from scalelab.config.layout import LayoutTable
     from scalelab.perf.predict import predict
@@ -356,7 +354,8 @@ def main() -> None:
 
     print("4. fit on the training half", flush=True)
     train_pts = [p for p, t in zip(points, train, strict=True) if t]
-    result = fit(comm_cluster, [], train_pts, names=list(FIT))
+    names = free_parameters([], train_pts, cpu=True)  # the host overheads and gemm_efficiency
+    result = fit(comm_cluster, [], train_pts, names=names)
     fitted = comm_cluster.model_copy(
         update={"params": comm_cluster.params.model_copy(update=result.fitted)}
     )
@@ -405,7 +404,7 @@ def main() -> None:
     load_after = os.getloadavg()
     print(
         "\nparameters the CPU data cannot determine (kept or measured): "
-        + "; ".join(f"{k}: {v}" for k, v in UNDETERMINED.items())
+        + "; ".join(f"{k}: {v}" for k, v in (CPU_UNDETERMINED | NOT_INFORMED).items())
     )
     print(
         f"\nmachine {platform.node()} ({os.cpu_count()} CPUs), "

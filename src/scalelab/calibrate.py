@@ -55,17 +55,19 @@ COMPUTE = (
 )
 POWER = ("compute_power_fraction",)
 # CPU ranks (a cluster whose "GPU" is a CPU core): every op runs on the host, so a step's time is
-# mostly per-op host cost, and the micro-batch's own host cost is a mechanism of its own.
-CPU_HOST = ("microbatch_overhead_us", "tp_layer_overhead_us")
-# What CPU step times cannot determine, and why: these are kept at the base's values (set them
-# from a microbenchmark: benchmarks/calibrate_cpu.py measures the matmul rate and the copy
-# bandwidth and puts them in the cluster as its peak and bandwidth, with efficiencies 1).
+# mostly per-op host cost: per layer, per TP layer (DTensor dispatch), per collective call, per
+# micro-batch and per step, beside the GEMMs' achieved rate.
+CPU_HOST = ("microbatch_overhead_us", "tp_layer_overhead_us", "collective_overhead_us")
+# What CPU step times cannot determine, and why: kept at the base's values. The peak and the
+# bandwidth they multiply are measured instead (benchmarks/calibrate_cpu.py: a matmul's FLOP/s
+# and a copy's bytes/s), so gemm_efficiency is the achieved fraction of that matmul rate.
 CPU_UNDETERMINED: dict[str, str] = {
-    "gemm_efficiency": "only its product with the peak enters a prediction: measure the peak "
-    "(a matmul's FLOP/s) and keep the efficiency at 1",
-    "hbm_efficiency": "only its product with the memory bandwidth enters: measure the bandwidth",
+    "gemm_half_gflop": "a model's GEMMs span too few sizes: collinear with gemm_efficiency and "
+    "the per-layer overhead (set it from a small matmul's rate)",
+    "hbm_efficiency": "element-wise and optimizer traffic is a few per cent of a small model's "
+    "CPU step: measure the bandwidth and keep 1",
     "attention_efficiency": "attention is a few per cent of a small model's CPU step: collinear "
-    "with the per-layer host overhead",
+    "with the per-layer overhead",
     "overlap_slowdown": "nothing overlaps on CPU (FSDP2 unshards synchronously): 1",
 }
 BOUNDS: dict[str, tuple[float, float]] = {

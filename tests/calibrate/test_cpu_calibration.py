@@ -98,7 +98,7 @@ def test_microbatch_overhead_is_paid_once_per_microbatch() -> None:
 def test_cpu_fits_host_overheads_and_names_what_it_cannot_determine() -> None:
     points = [StepPoint(TINY, Layout(gpus=2, seq_len=32, global_batch=8), 0.1)]
     names = free_parameters([], points, cpu=True)
-    assert set(CPU_HOST) <= set(names)
+    assert set(CPU_HOST) <= set(names) and "gemm_efficiency" in names
     assert not set(CPU_UNDETERMINED) & set(names)
     assert "microbatch_overhead_us" not in free_parameters([], points, cpu=False)
     result = fit(CPU, [], points, max_nfev=3)
@@ -130,6 +130,7 @@ def test_host_overheads_are_recovered_from_a_two_rank_grid() -> None:
     """Step times made by the predictor with known host overheads on the two models of the
     CPU grid (2 % noise): the fit from another start gets them back, none collinear."""
     truth = {
+        "gemm_efficiency": 0.4,
         "layer_overhead_us": 900.0,
         "tp_layer_overhead_us": 6000.0,
         "collective_overhead_us": 3000.0,
@@ -147,7 +148,7 @@ def test_host_overheads_are_recovered_from_a_two_rank_grid() -> None:
         StepPoint(p.model, p.layout, float(t * np.exp(rng.normal(0, 0.02))))
         for p, t in zip(points, times[: len(points)], strict=True)
     ]
-    result = fit(CPU, [], noisy, names=list(HOST))
+    result = fit(CPU, [], noisy, names=["gemm_efficiency", *HOST])
     assert result.collinear == []
     for name, value in truth.items():
         assert result.fitted[name] == pytest.approx(value, rel=0.25), name
