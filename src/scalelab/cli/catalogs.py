@@ -91,6 +91,7 @@ def hardware(json_out: JsonOpt = False) -> None:
         "name",
         "bf16 TF/s",
         "fp8 TF/s",
+        "block-scaled TF/s",
         "HBM GiB",
         "HBM GB/s",
         "NVLink GB/s/dir",
@@ -104,6 +105,12 @@ def hardware(json_out: JsonOpt = False) -> None:
         gt.add_row(
             g.name,
             *(f"{g.peak_tflops[p]:.0f}" if p in g.peak_tflops else "-" for p in ("bf16", "fp8")),
+            ", ".join(
+                f"{fmt} {g.peak_tflops[fmt]:.0f}"
+                for fmt in ("mxfp8", "nvfp4", "mxfp4")
+                if fmt in g.peak_tflops
+            )
+            or "-",
             f"{g.hbm_gib:g}",
             f"{g.hbm_gbs:g}",
             f"{g.nvlink_gbs:g}",
