@@ -33,6 +33,7 @@ from scalelab.config.options import (
     Recompute,
     Sharding,
 )
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.errors import InputError
 from scalelab.perf.predict import Prediction, predict
 
@@ -67,6 +68,7 @@ class Constraints:
 class SearchResult:
     model: str
     cluster: str
+    stack: str
     gpus: int
     global_batch: int
     seq_len: int
@@ -323,8 +325,11 @@ def search(
     objective: str = "throughput",
     constraints: Constraints | None = None,
     top_k: int = 5,
+    stack: StackSpec | None = None,
 ) -> SearchResult:
-    """Rank every valid, fitting layout of the job by the objective."""
+    """Rank every valid, fitting layout of the job by the objective, among the options `stack`
+    (default `generic`: all) offers, predicted as that stack runs them."""
+    stack = stack or load_stack()
     import time
 
     if objective not in OBJECTIVES:
@@ -347,9 +352,10 @@ def search(
     model.require_dense("modelled by the predictor")
     start = time.perf_counter()
     space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
-    invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))
+    masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
+    invalid, by_reason = _first_reasons(masks)
     valid = space.take(~invalid)
-    pred = predict(model, cluster, valid) if len(valid) else None
+    pred = predict(model, cluster, valid, stack) if len(valid) else None
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)
@@ -388,6 +394,7 @@ def search(
     return SearchResult(
         model=model.name,
         cluster=cluster.name,
+        stack=stack.name,
         gpus=gpus,
         global_batch=global_batch,
         seq_len=seq_len,

@@ -286,3 +286,22 @@ def read_dgx(text: str) -> str | None:
     """The DGX/HGX system a text names (its nodes are the catalog cluster of that GPU)."""
     m = re.search(r"\b(?:DGX|HGX)\s?-?\s?(A100|H100|H200|B200|GB200|B300|GB300)\b", text, re.I)
     return m.group(1).upper() if m else None
+
+
+# Stacks: the framework a source states, read into a stack profile (config/stack.py). Only what the
+# text names is read; a stack no rule matches is predicted with `generic` (the default).
+_STACKS: tuple[tuple[str, str], ...] = (
+    (r"\btorchtitan\b", "torchtitan"),
+    (r"\bnemo\b|\bmegatron[- ]core\b", "megatron-core-te"),
+    (r"\bmegatron[- ]lm\b.*\b2021\b", "megatron-lm-2021"),
+    (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
+    (r"\bdeepspeed\b", "deepspeed-zero"),
+)
+
+
+def read_stack(text: str) -> str | None:
+    """The stack profile a framework description names, or None when none is named."""
+    for pattern, name in _STACKS:
+        if re.search(pattern, text, re.I):
+            return name
+    return None
