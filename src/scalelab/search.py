@@ -344,7 +344,6 @@ def search(
     ):
         if value > limit:
             raise InputError(name, f"must be at most {limit:,}, not {value:,}")
-    model.require_dense("modelled by the predictor")
     start = time.perf_counter()
     space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
     invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))
