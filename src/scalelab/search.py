@@ -451,6 +451,29 @@ def _moe_space(
     return space, invalid, valid, pred, info
 
 
+def priced_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    gpus: int,
+    global_batch: int,
+    seq_len: int,
+    constraints: Constraints | None = None,
+    objective: str = "throughput",
+) -> tuple[LayoutTable, Prediction | None]:
+    """The valid layouts search prices (both stages for a MoE model) and their prediction, for
+    studies that need more than the top (e.g. the best layout per EP degree)."""
+    if model.is_moe:
+        _, _, valid, pred, _ = _moe_space(
+            model, cluster, gpus, global_batch, seq_len, constraints, objective
+        )
+        return valid, pred
+    ev = _evaluate(
+        model, cluster, enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
+    )
+    return ev.valid, ev.pred
+
+
 def _concat_tables(a: LayoutTable, b: LayoutTable) -> LayoutTable:
     return LayoutTable(
         **{n: np.concatenate([getattr(a, n), getattr(b, n)]) for n in LayoutTable.column_names()}
