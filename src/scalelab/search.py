@@ -515,6 +515,12 @@ def search(
     ):
         if value > limit:
             raise InputError(name, f"must be at most {limit:,}, not {value:,}")
+    c = constraints or Constraints()
+    for name, values in (("ep", c.ep), ("expert-tp", c.expert_tp)):
+        if not model.is_moe and values is not None and set(values) != {1}:
+            raise InputError(
+                name, f"applies to mixture-of-experts models only; {model.name} has no experts"
+            )
     start = time.perf_counter()
     extra: dict[str, Any] = {}
     if model.is_moe:

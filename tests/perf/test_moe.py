@@ -182,3 +182,18 @@ def test_random_moe_layouts_are_sane(name: str, gpus: int) -> None:
     assert np.all(pred["moe_all_to_all_s"] >= 0)
     assert np.all(pred["moe_all_to_all_s"][table.ep == 1] == 0)
     assert np.all(pred["compute_s"] > 0) and np.all(pred["memory_total_bytes"] > 0)
+
+
+def test_search_ranks_ep_layouts_and_refuses_ep_on_dense() -> None:
+    from scalelab.errors import InputError
+    from scalelab.search import Constraints, search
+
+    result = search(QWEN, H100, gpus=16, global_batch=32, seq_len=4096, top_k=3)
+    assert result.top and "moe_stages" in result.to_dict()
+    only = search(
+        QWEN, H100, gpus=16, global_batch=32, seq_len=4096, constraints=Constraints(ep=[4])
+    )
+    assert only.top and all(r["layout"]["ep"] == 4 for r in only.top)
+    with pytest.raises(InputError, match="mixture-of-experts models only"):
+        search(load_model("llama2-7b"), H100, gpus=16, global_batch=32, seq_len=4096,
+               constraints=Constraints(ep=[2]))  # fmt: skip
