@@ -43,7 +43,6 @@ def predict(
     The layout flags are generated from `scalelab.config.Layout`'s fields.
     """
     spec = load_model(model)
-    spec.require_dense("modelled by the predictor")
     cluster_spec = load_cluster(cluster)
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len
@@ -72,6 +71,7 @@ def render_prediction(r: dict[str, Any]) -> None:
         f"sharding {lay['sharding']}, tp {lay['tp']}, pp {lay['pp']} ({lay['pp_schedule']}), cp {lay['cp']}, "
         f"dp {int(r['data_parallel'])}, micro-batch {lay['micro_batch']} x {int(r['n_microbatches'])}, "
         f"global batch {lay['global_batch']} x {lay['seq_len']} tokens, recompute {lay['recompute']}, {lay['precision']}"
+        + (f", ep {lay['ep']}, expert tp {lay['expert_tp']}" if lay.get("ep", 1) > 1 else "")
     )
     head = Table(title="throughput")
     for col in (
@@ -114,6 +114,11 @@ def render_prediction(r: dict[str, Any]) -> None:
         ),
         ("pipeline send/recv", r["pp_p2p_s"], r["pp_p2p_s"]),
         ("pipeline bubble", r["pp_bubble_s"], r["pp_bubble_s"]),
+        *(
+            [("MoE dispatch/combine AllToAll", r["moe_all_to_all_s"], r["moe_all_to_all_s"])]
+            if r.get("moe_all_to_all_s")
+            else []
+        ),
         ("optimizer step", r["optimizer_s"], r["optimizer_s"]),
         ("fixed per-step overhead", r["overhead_s"], r["overhead_s"]),
     ]

@@ -52,7 +52,6 @@ def search_command(
     `scalelab.config.Layout` that `scalelab.search.Constraints` can restrict.
     """
     spec = load_model(model)
-    spec.require_dense("modelled by the predictor")
     cluster_spec = load_cluster(cluster)
     allowed = build_constraints(**constraints)
     status = err_console.status(f"searching every layout of {escape(spec.name)} on {gpus} GPUs")

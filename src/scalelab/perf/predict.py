@@ -30,6 +30,7 @@ from scalelab.config.model import ModelSpec, flops_utilisation
 from scalelab.config.stack import StackSpec, load_stack
 from scalelab.metrics import canonical
 from scalelab.perf import comm
+from scalelab.perf import moe as moe_mod
 from scalelab.perf.compute import (
     BF16_BYTES,
     FP32_BYTES,
@@ -51,6 +52,7 @@ ASSUMPTIONS = (
     "causal flash attention unless --attention math; MFU counts 6N + 12·L·d·s FLOPs per token",
     "with gradient accumulation, gradients are reduced once per step (no_sync on earlier micro-batches)",
     "power is GPU board power only (as NVML reports), not CPU, memory or network",
+    *moe_mod.ASSUMPTIONS,
 )
 
 
@@ -75,6 +77,7 @@ class Prediction:
     cp_comm_exposed_s: np.ndarray
     pp_p2p_s: np.ndarray
     pp_bubble_s: np.ndarray
+    moe_all_to_all_s: np.ndarray
     recompute_s: np.ndarray
     optimizer_s: np.ndarray
     overhead_s: np.ndarray
@@ -149,6 +152,7 @@ class StepContext:
     layers_per_stage: np.ndarray  # uneven splits put ceil(L / (pp*v)) layers in the slowest chunk
     call_s: float  # the framework's host-side cost of issuing one collective
     compute: LayerCompute
+    moe: moe_mod.MoECost | None  # a MoE model's experts, dispatch and combine (None: dense)
     stack: StackSpec  # the framework's behaviour (config/stack.py; `generic` by default)
     # Gradients reduced on every micro-batch (the stack's choice for this sharding), else once.
     grad_reduces_per_step: np.ndarray
@@ -164,7 +168,6 @@ def build_context(
     """The arrays every cost reads. `cluster` should already carry the stack's parameters
     (`StackSpec.cluster_for`, as `predict` does)."""
     stack = stack or load_stack()
-    model.require_dense("modelled by the predictor")  # expert parallelism: issue 16
     t, pp, cp = table.tp, table.pp, table.cp
     dp = table.dp
     ds = table.dp_shard_for(cluster.gpus_per_node)
@@ -205,6 +208,15 @@ def build_context(
         layers_per_stage=np.ceil(model.n_layers / (pp * v)) * v,
         call_s=cluster.params.collective_overhead_us * 1e-6,
         compute=compute,
+        moe=moe_mod.moe_cost(
+            model,
+            cluster,
+            table,
+            tp_f=t.astype(float),
+            call_s=cluster.params.collective_overhead_us * 1e-6,
+        )
+        if model.is_moe
+        else None,
         stack=stack,
         grad_reduces_per_step=np.where(
             stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
@@ -294,7 +306,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     # The shard group spans dp_shard x cp (cp inside dp_shard in the mesh: stride tp).
     shard_group = comm.group_shape(ctx.shard_ranks, ctx.tp, cluster)
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
-    layer_params = model.layer_params_per_tp_rank(tp_f)
+    layer_params = moe_mod.layer_params_per_tp_rank(model, tp_f)  # routed experts: below
     layer_param_bytes = PARAM_GATHER_BYTES * layer_params
     layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
@@ -323,9 +335,10 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     ag = np.where((ctx.shard_ranks > 1) & full_shard, ag + ctx.call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
     root_scale = root_params / layer_params
+    e = ctx.moe  # a MoE model's experts: their own collectives over expert_dp, on the same stream
     return DataParallelCost(
-        all_gather_s=ag,
-        grad_reduce_s=grad_reduce,
+        all_gather_s=ag if e is None else ag + e.expert_all_gather_s,
+        grad_reduce_s=grad_reduce if e is None else grad_reduce + e.expert_grad_reduce_s,
         root_all_gather_s=ag * root_scale,
         root_grad_reduce_s=grad_reduce * root_scale,
         shard_group=shard_group,
@@ -460,11 +473,16 @@ def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray,
     """AdamW over the parameters this GPU owns, and ZeRO-1/2's parameter AllGather after it."""
     model, table = ctx.model, ctx.table
     is_pp = ctx.pp > 1
-    stage_params = ctx.layers_per_stage * model.layer_params_per_tp_rank(ctx.tp_f) + np.where(
-        is_pp, dpc.root_params / 2, dpc.root_params
-    )
+    stage_params = ctx.layers_per_stage * moe_mod.layer_params_per_tp_rank(
+        model, ctx.tp_f
+    ) + np.where(is_pp, dpc.root_params / 2, dpc.root_params)
     opt_div = np.where(table.is_ddp, 1, ctx.shard_ranks)
-    optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
+    local_params = stage_params / opt_div
+    if ctx.moe is not None:  # routed experts: sharded over expert_dp
+        experts = ctx.layers_per_stage * ctx.moe.expert_params_per_rank
+        stage_params = stage_params + experts
+        local_params = local_params + experts / np.where(table.is_ddp, 1, ctx.moe.expert_shard)
+    optimizer_s = optimizer_time(local_params, ctx.cluster)
     zero_ag = comm.collective_time_where(
         table.is_zero & (ctx.dp_cp > 1),
         comm.ALL_GATHER,
@@ -505,6 +523,13 @@ def predict(
     recompute_layer = recomputation(ctx, tp_forward, cpc)
     fwd = lc.forward_s + tp_forward + cpc.forward_s
     bwd = lc.backward_s + tp_backward + cpc.backward_s + recompute_layer
+    e = ctx.moe
+    if e is not None:  # experts in place of the dense FFN (full recompute reruns them)
+        recompute_layer = recompute_layer + np.where(table.recompute_full, e.forward_s, 0.0)
+        fwd, bwd = (
+            fwd + e.forward_s,
+            bwd + e.backward_s + np.where(table.recompute_full, e.forward_s, 0.0),
+        )
     dpc = data_parallel(ctx)
 
     is_pp = ctx.pp > 1
@@ -525,8 +550,12 @@ def predict(
     reduce_total = (layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s) * ctx.grad_reduces_per_step
     dp_total = ag_total + reduce_total
     share_ag = np.where(dp_total > 0, ag_total / np.maximum(dp_total, 1e-30), 0.0)
-    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag
-    compute_s = main.compute_busy_s - tp_total - cp_total
+    a2a_total = np.zeros(ctx.n)
+    if e is not None:
+        a2a_layer = e.all_to_all_forward_s * np.where(table.recompute_full, 2.0, 1.0)
+        a2a_total = m_f * layers * (a2a_layer + e.all_to_all_backward_s)
+    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag + a2a_total
+    compute_s = main.compute_busy_s - tp_total - cp_total - a2a_total
 
     # Throughput and utilisation (definitions in scalelab.config.model).
     s = ctx.seq_len
@@ -554,6 +583,7 @@ def predict(
         recompute=table.recompute,
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
+        moe=ctx.moe,
     )
     power = average_power_w(
         cluster,
@@ -582,6 +612,7 @@ def predict(
         cp_comm_exposed_s=cp_total,
         pp_p2p_s=main.p2p_s,
         pp_bubble_s=main.bubble_s,
+        moe_all_to_all_s=a2a_total,
         recompute_s=recompute_total,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,

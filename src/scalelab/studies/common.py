@@ -183,7 +183,6 @@ def with_overrides(cluster: ClusterSpec, overrides: tuple[tuple[str, Any], ...])
 
 def load(a: Assumptions = DEFAULT) -> tuple[ModelSpec, ClusterSpec]:
     model = load_model(a.model)
-    model.require_dense("modelled by the predictor")
     return model, with_overrides(load_cluster(a.cluster), a.cluster_overrides)
 
 

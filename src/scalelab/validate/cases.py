@@ -27,12 +27,15 @@ from scalelab.io import read_user_text
 from scalelab.perf.predict import predict
 from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review
 from scalelab.runs.rules import read_stack
-from scalelab.runs.schema import Run, is_typed_header, read_runs
+from scalelab.runs.schema import MoERun, Run, is_typed_header, read_runs
 
 TYPED_DATA = "data/published_runs_typed.csv"
 SKIPPED_DATA = "data/published_runs_skipped.csv"
 RAW_DATA = "data/published_runs.csv"
 REVIEW_DATA = "data/published_runs_review.csv"
+# Mixture-of-experts runs: typed directly (no raw reading), reported apart from the dense runs.
+MOE_DATA = "data/published_runs_moe.csv"
+MOE_SKIPPED_DATA = "data/published_runs_moe_skipped.csv"
 
 
 @dataclass
@@ -106,6 +109,21 @@ def load_runs(
     readings = import_rows(read_raw_csv(text), entries)
     runs = [r.run for r in readings if r.run is not None]
     return runs, [(r.row, r.skipped) for r in readings if r.skipped]
+
+
+def load_moe_cases() -> tuple[list[RunCase], list[tuple[int, str]]]:
+    """The shipped MoE runs the predictor can express, and (row, reason) for the others."""
+    runs = read_runs(_package_text(MOE_DATA), MOE_DATA, kind=MoERun)
+    records = csv.DictReader(io.StringIO(_package_text(MOE_SKIPPED_DATA)))
+    skipped = [(int(r["row"]), r["reason"]) for r in records]
+    cases: list[RunCase] = []
+    for run in runs:
+        case = case_from_run(run)
+        if isinstance(case, str):
+            skipped.append((run.row, case))
+        else:
+            cases.append(case)
+    return cases, skipped
 
 
 def case_from_run(run: Run) -> RunCase | str:
