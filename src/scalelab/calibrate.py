@@ -446,7 +446,6 @@ def points_from_records(
                 raise InputError(
                     "records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s"
                 ) from None
-            model.require_dense("modelled by the predictor")
             if (
                 isinstance(step, bool)
                 or not isinstance(step, (int, float))

@@ -50,6 +50,7 @@ METRICS: tuple[Metric, ...] = (
     _M("cp_comm_exposed_s", "s", "per_gpu", "context-parallel K/V exchange not hidden behind attention", True),
     _M("pp_p2p_s", "s", "per_gpu", "pipeline send/recv of activations and gradients per step", True),
     _M("pp_bubble_s", "s", "per_gpu", "pipeline bubble (idle) per step", True),
+    _M("moe_all_to_all_s", "s", "per_gpu", "MoE token dispatch and combine (AllToAll over the EP group) per step, not overlapped", True),
     _M("recompute_s", "s", "per_gpu", "activation recomputation in backward per step", True),
     _M("optimizer_s", "s", "per_gpu", "AdamW step over the parameters this GPU owns", True),
     _M("overhead_s", "s", "per_gpu", "fixed per-step host overhead", True),

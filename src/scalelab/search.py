@@ -3,7 +3,9 @@
 The space (for G GPUs): every TP, PP and CP degree that divides G; DDP, ZeRO-1, ZeRO-2, FSDP and
 HSDP with every shard-group size that divides the data-parallel degree; pipeline schedules with
 their virtual stages; power-of-two micro-batches; recompute none/selective/full; FSDP
-reshard-after-forward on/off; TP with and without sequence parallelism. Options that mean nothing
+reshard-after-forward on/off; TP with and without sequence parallelism; for a MoE model, every
+expert-parallel degree the rules allow (a divisor of n_experts and of the dp x cp x tp/expert_tp
+ranks it borrows) with expert_tp 1 or tp. Options that mean nothing
 for a layout (a schedule without PP, SP without TP) are not enumerated twice. The whole space is
 built, checked and predicted with numpy arrays, so it takes about a second for thousands of GPUs.
 """
@@ -33,6 +35,7 @@ from scalelab.config.options import (
     Recompute,
     Sharding,
 )
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.errors import InputError
 from scalelab.perf.predict import Prediction, predict
 
@@ -61,12 +64,15 @@ class Constraints:
     attention: str = "flash"
     sequence_parallel: list[bool] | None = None
     reshard_after_forward: list[bool] | None = None
+    ep: list[int] | None = None
+    expert_tp: list[int] | None = None
 
 
 @dataclass
 class SearchResult:
     model: str
     cluster: str
+    stack: str
     gpus: int
     global_batch: int
     seq_len: int
@@ -104,6 +110,13 @@ def _divisors(n: int) -> list[int]:
     return sorted(divisors)
 
 
+def _product(*values: Any) -> np.ndarray:
+    """`itertools.product` of integer sequences as one int64 array (rows in the same order)."""
+    arrays = [np.asarray(list(v), dtype=np.int64) for v in values]
+    index = np.indices([len(a) for a in arrays]).reshape(len(arrays), -1)
+    return np.stack([a[i] for a, i in zip(arrays, index, strict=True)], axis=1)
+
+
 def _allowed(values: list[Any], allowed: list[Any] | None) -> list[Any]:
     return values if allowed is None else [v for v in values if v in allowed]
 
@@ -115,8 +128,10 @@ def enumerate_space(
     global_batch: int,
     seq_len: int,
     constraints: Constraints | None = None,
+    only: dict[tuple[int, int, int], set[tuple[int, int]]] | None = None,
 ) -> LayoutTable:
-    """Every candidate layout (valid or not) as one table."""
+    """Every candidate layout (valid or not) as one table; with `only`, only the (tp, pp, cp)
+    it names with their (ep, expert_tp) pairs."""
     c = constraints or Constraints()
     precision = Precision.parse("precision", c.precision)
     attention = AttentionKernel.parse("attention", c.attention)
@@ -154,9 +169,14 @@ def enumerate_space(
             "recompute",
             "reshard_after_forward",
             "sequence_parallel",
+            "ep",
+            "expert_tp",
         )
     }
+    expert_divisors = _divisors(model.n_experts) if model.is_moe else [1]
     for tp, pp, cp in itertools.product(tps, pps, cps):
+        if only is not None and (tp, pp, cp) not in only:
+            continue
         mp = tp * pp * cp
         dp = max(1, gpus // mp)
         options: list[tuple[int, int]] = []
@@ -183,18 +203,24 @@ def enumerate_space(
         if c.micro_batch is not None:
             micro = [m for m in micro if m in c.micro_batch] or list(c.micro_batch)
         sp_vals = sps if tp > 1 else [True]
-        grid = np.array(
-            list(
-                itertools.product(
-                    range(len(options)),
-                    range(len(sched)),
-                    micro,
-                    [Recompute(r).code for r in recomputes],
-                    reshards,
-                    sp_vals,
-                )
-            ),
-            dtype=np.int64,
+        # Expert parallelism (MoE only): EP borrows dp x cp x tp/expert_tp ranks (config.layout).
+        experts = [
+            (e, et)
+            for et in _allowed(sorted({1, tp}), c.expert_tp)
+            for e in _allowed(expert_divisors, c.ep)
+            if (dp * cp * (tp // et)) % e == 0 and (model.is_moe or et == 1)
+            if only is None or (e, et) in only[(tp, pp, cp)]
+        ]
+        if not experts:
+            continue
+        grid = _product(
+            range(len(options)),
+            range(len(sched)),
+            micro,
+            [Recompute(r).code for r in recomputes],
+            reshards,
+            sp_vals,
+            range(len(experts)),
         )
         opt = np.array(options, dtype=np.int64)[grid[:, 0]]
         sch = np.array(sched, dtype=np.int64)[grid[:, 1]]
@@ -213,6 +239,9 @@ def enumerate_space(
         columns["recompute"].append(grid[keep, 3])
         columns["reshard_after_forward"].append(reshard[keep])
         columns["sequence_parallel"].append(grid[keep, 5].astype(bool))
+        ep_et = np.array(experts, dtype=np.int64)[grid[keep, 6]]
+        columns["ep"].append(ep_et[:, 0])
+        columns["expert_tp"].append(ep_et[:, 1])
     if not columns["tp"]:
         raise InputError("constraints", "no layout matches the constraints")
     merged = {k: np.concatenate(v) for k, v in columns.items()}
@@ -258,6 +287,7 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
         "cp_comm_exposed_s",
         "pp_bubble_s",
         "pp_p2p_s",
+        "moe_all_to_all_s",
         "recompute_s",
         "compute_s",
         "memory_total_bytes",
@@ -300,6 +330,10 @@ def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str
         ("tensor-parallel collectives", winner["tp_comm_s"] - baseline["tp_comm_s"]),
         ("pipeline bubble", winner["pp_bubble_s"] - baseline["pp_bubble_s"]),
         ("pipeline send/recv", winner["pp_p2p_s"] - baseline["pp_p2p_s"]),
+        (
+            "MoE dispatch/combine AllToAll",
+            winner["moe_all_to_all_s"] - baseline["moe_all_to_all_s"],
+        ),
         ("recomputation", winner["recompute_s"] - baseline["recompute_s"]),
         (
             "context-parallel K/V exchange",
@@ -313,6 +347,167 @@ def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str
     return lines
 
 
+# A MoE model's space is the dense one times every (ep, expert_tp) pair: about 14x for
+# DeepSeek-V3 on 2048 GPUs (9 million layouts). Its search runs in two stages: every degree
+# combination (tp, pp, cp, ep, expert_tp) x micro-batch x recompute with one value of the knobs
+# that mostly trade memory for a little time (FSDP with reshard-after-forward, SP, 1F1B: the
+# leanest in memory, so a combination that does not fit so fits no other way), then every knob
+# for the MOE_REFINE best combinations.
+MOE_REFINE = 16
+
+
+def _stage_one(c: Constraints) -> Constraints:
+    """One value of each secondary knob (the leanest in memory the constraints allow)."""
+    from dataclasses import replace
+
+    def pick(allowed: list[Any] | None, prefer: Any) -> list[Any] | None:
+        if allowed is None or prefer in allowed:
+            return [prefer]
+        return allowed[:1]
+
+    return replace(
+        c,
+        sharding=pick(c.sharding, Sharding.FSDP.value),
+        reshard_after_forward=pick(c.reshard_after_forward, True),
+        sequence_parallel=pick(c.sequence_parallel, True),
+        pp_schedule=pick(c.pp_schedule, PipelineSchedule.ONE_F_ONE_B.value),
+    )
+
+
+@dataclass
+class _Evaluated:
+    space: LayoutTable
+    invalid: np.ndarray
+    valid: LayoutTable
+    pred: Prediction | None
+
+
+def _masks(
+    space: LayoutTable, model: ModelSpec, cluster: ClusterSpec, stack: StackSpec
+) -> dict[str, np.ndarray]:
+    """Every reason a layout is invalid: the layout rules, then what the stack does not offer."""
+    return violation_masks(space, model, cluster) | stack.violation_masks(space)
+
+
+def _evaluate(
+    model: ModelSpec, cluster: ClusterSpec, space: LayoutTable, stack: StackSpec
+) -> _Evaluated:
+    invalid = np.asarray(
+        np.stack(list(_masks(space, model, cluster, stack).values())).any(axis=0), dtype=bool
+    )
+    valid = space.take(~invalid)
+    pred = predict(model, cluster, valid, stack) if len(valid) else None
+    return _Evaluated(space, invalid, valid, pred)
+
+
+def _degree_keys(t: LayoutTable) -> np.ndarray:
+    """One integer per (tp, pp, cp, ep, expert_tp): 12 bits each but ep's 17 (MAX bounds)."""
+    key = ((t.tp.astype(np.int64) << 12 | t.pp) << 12 | t.cp) << 17 | t.ep
+    return np.asarray(key << 12 | t.expert_tp)
+
+
+def _degrees_of(key: int) -> tuple[int, int, int, int, int]:
+    et, key = key & 0xFFF, key >> 12
+    ep, key = key & 0x1FFFF, key >> 17
+    cp, key = key & 0xFFF, key >> 12
+    return key >> 12, key & 0xFFF, cp, ep, et
+
+
+def _moe_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    global_batch: int,
+    seq_len: int,
+    constraints: Constraints | None,
+    objective: str,
+    stack: StackSpec,
+) -> tuple[LayoutTable, np.ndarray, LayoutTable, Prediction | None, dict[str, Any]]:
+    """The two-stage MoE space (see MOE_REFINE): the layouts priced, which were invalid, the
+    valid ones and their prediction."""
+    c = constraints or Constraints()
+    one = _evaluate(
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, _stage_one(c)),
+        stack,
+    )
+    if one.pred is None:
+        return one.space, one.invalid, one.valid, None, {}
+    keys, combo = np.unique(_degree_keys(one.valid), return_inverse=True)
+    combo = combo.reshape(-1)
+    fits = one.pred["fits"]
+    score = np.full(len(keys), -np.inf)
+    np.maximum.at(score, combo[fits], one.pred[_OBJECTIVE_FIELD[objective]][fits])
+    if not fits.any():  # nothing fits: refine the combinations closest to fitting
+        score = np.full(len(keys), -np.inf)
+        np.maximum.at(score, combo, -one.pred["memory_total_bytes"])
+    chosen = np.argsort(-score, kind="stable")[:MOE_REFINE]
+    degrees: dict[tuple[int, int, int], set[tuple[int, int]]] = {}
+    for tp, pp, cp, ep, et in map(_degrees_of, keys[chosen].tolist()):
+        degrees.setdefault((tp, pp, cp), set()).add((ep, et))
+    two = _evaluate(
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees),
+        stack,
+    )
+    # Stage one's layouts of the refined combinations are in stage two: drop them there.
+    refined = np.zeros(len(keys), dtype=bool)
+    refined[chosen] = True
+    in_refined = np.isin(_degree_keys(one.space), keys[chosen])
+    keep_valid = ~refined[combo]
+    space = _concat_tables(one.space.take(~in_refined), two.space)
+    invalid = np.concatenate([one.invalid[~in_refined], two.invalid])
+    valid = _concat_tables(one.valid.take(keep_valid), two.valid)
+    kept = Prediction(**{k: one.pred[k][keep_valid] for k in one.pred.keys()})  # noqa: SIM118
+    pred = kept if two.pred is None else _concat_predictions(kept, two.pred)
+    info = {
+        "moe_stages": f"{len(one.space):,} layouts with FSDP, reshard, SP and 1F1B over every "
+        f"(tp, pp, cp, ep, expert_tp) x micro-batch x recompute, then every knob for the "
+        f"{len(chosen)} best of {len(keys)} combinations ({len(two.space):,} layouts)"
+    }
+    return space, invalid, valid, pred, info
+
+
+def priced_space(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    gpus: int,
+    global_batch: int,
+    seq_len: int,
+    constraints: Constraints | None = None,
+    objective: str = "throughput",
+    stack: StackSpec | None = None,
+) -> tuple[LayoutTable, Prediction | None]:
+    """The valid layouts search prices (both stages for a MoE model) and their prediction, for
+    studies that need more than the top (e.g. the best layout per EP degree)."""
+    stack = stack or load_stack()
+    if model.is_moe:
+        _, _, valid, pred, _ = _moe_space(
+            model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
+        )
+        return valid, pred
+    ev = _evaluate(
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints),
+        stack,
+    )
+    return ev.valid, ev.pred
+
+
+def _concat_tables(a: LayoutTable, b: LayoutTable) -> LayoutTable:
+    return LayoutTable(
+        **{n: np.concatenate([getattr(a, n), getattr(b, n)]) for n in LayoutTable.column_names()}
+    )
+
+
+def _concat_predictions(a: Prediction, b: Prediction) -> Prediction:
+    return Prediction(**{k: np.concatenate([a[k], b[k]]) for k in a.keys()})  # noqa: SIM118
+
+
 def search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -323,8 +518,11 @@ def search(
     objective: str = "throughput",
     constraints: Constraints | None = None,
     top_k: int = 5,
+    stack: StackSpec | None = None,
 ) -> SearchResult:
-    """Rank every valid, fitting layout of the job by the objective."""
+    """Rank every valid, fitting layout of the job by the objective, among the options `stack`
+    (default `generic`: all) offers, predicted as that stack runs them."""
+    stack = stack or load_stack()
     import time
 
     if objective not in OBJECTIVES:
@@ -344,12 +542,24 @@ def search(
     ):
         if value > limit:
             raise InputError(name, f"must be at most {limit:,}, not {value:,}")
-    model.require_dense("modelled by the predictor")
+    c = constraints or Constraints()
+    for name, values in (("ep", c.ep), ("expert-tp", c.expert_tp)):
+        if not model.is_moe and values is not None and set(values) != {1}:
+            raise InputError(
+                name, f"applies to mixture-of-experts models only; {model.name} has no experts"
+            )
     start = time.perf_counter()
-    space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
-    invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))
-    valid = space.take(~invalid)
-    pred = predict(model, cluster, valid) if len(valid) else None
+    extra: dict[str, Any] = {}
+    if model.is_moe:
+        space, _, valid, pred, extra = _moe_space(
+            model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
+        )
+        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
+    else:
+        space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
+        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
+        valid = space.take(~invalid)
+        pred = predict(model, cluster, valid, stack) if len(valid) else None
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)
@@ -388,6 +598,7 @@ def search(
     return SearchResult(
         model=model.name,
         cluster=cluster.name,
+        stack=stack.name,
         gpus=gpus,
         global_batch=global_batch,
         seq_len=seq_len,
@@ -402,4 +613,5 @@ def search(
         explanation=explanation,
         pareto=pareto,
         seconds=time.perf_counter() - start,
+        extra=extra,
     )

@@ -12,12 +12,14 @@ from scalelab.cli.common import (
     ClusterOpt,
     JsonOpt,
     ModelArg,
+    StackOpt,
     build_layout,
     console,
     layout_options,
     print_json,
 )
 from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.stack import load_stack
 from scalelab.perf.predict import predict_layout
 
 GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")]
@@ -31,6 +33,7 @@ def register(app: typer.Typer) -> None:
 def predict(
     model: ModelArg,
     cluster: ClusterOpt = "h100-ib",
+    stack: StackOpt = "generic",
     gpus: GpusOpt = 8,
     json_out: JsonOpt = False,
     **layout: Any,
@@ -40,12 +43,11 @@ def predict(
     The layout flags are generated from `scalelab.config.Layout`'s fields.
     """
     spec = load_model(model)
-    spec.require_dense("modelled by the predictor")
     cluster_spec = load_cluster(cluster)
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
-    result = predict_layout(spec, cluster_spec, built)
+    result = predict_layout(spec, cluster_spec, built, load_stack(stack))
     if json_out:
         print_json(result)
         return
@@ -65,10 +67,11 @@ def render_prediction(r: dict[str, Any]) -> None:
     lay = r["layout"]
     console.print(
         f"[bold]{escape(str(r['model']))}[/] on {lay['gpus']} x {escape(str(r['gpu']))} "
-        f"({escape(str(r['cluster']))}): "
+        f"({escape(str(r['cluster']))}, stack {escape(str(r.get('stack', 'generic')))}): "
         f"sharding {lay['sharding']}, tp {lay['tp']}, pp {lay['pp']} ({lay['pp_schedule']}), cp {lay['cp']}, "
         f"dp {int(r['data_parallel'])}, micro-batch {lay['micro_batch']} x {int(r['n_microbatches'])}, "
         f"global batch {lay['global_batch']} x {lay['seq_len']} tokens, recompute {lay['recompute']}, {lay['precision']}"
+        + (f", ep {lay['ep']}, expert tp {lay['expert_tp']}" if lay.get("ep", 1) > 1 else "")
     )
     head = Table(title="throughput")
     for col in (
@@ -111,6 +114,11 @@ def render_prediction(r: dict[str, Any]) -> None:
         ),
         ("pipeline send/recv", r["pp_p2p_s"], r["pp_p2p_s"]),
         ("pipeline bubble", r["pp_bubble_s"], r["pp_bubble_s"]),
+        *(
+            [("MoE dispatch/combine AllToAll", r["moe_all_to_all_s"], r["moe_all_to_all_s"])]
+            if r.get("moe_all_to_all_s")
+            else []
+        ),
         ("optimizer step", r["optimizer_s"], r["optimizer_s"]),
         ("fixed per-step overhead", r["overhead_s"], r["overhead_s"]),
     ]

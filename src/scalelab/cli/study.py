@@ -41,7 +41,8 @@ def study(
             {
                 k: v
                 for k, v in result.items()
-                if k in ("findings", "figures", "report", "html", "tables", "study", "within")
+                if k
+                in ("findings", "figures", "report", "html", "tables", "study", "within", "rows")
             }
         )
         return

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
@@ -104,3 +105,28 @@ def validate(
     if report.skipped_by_reason:
         skipped = ", ".join(f"{reason}: {n}" for reason, n in report.skipped_by_reason.items())
         console.print(f"skipped {report.rows_skipped} rows ({skipped})")
+    if report.moe is not None:
+        _render_moe(report.moe)
+
+
+def _render_moe(moe: dict[str, Any]) -> None:
+    """The mixture-of-experts runs, apart from the dense headline."""
+    table = Table(title=f"mixture-of-experts runs ({moe['rows_used']} used, apart from the above)")
+    for col in ("row", "model", "layout", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col in ("model", "layout") else "right")
+    for r in moe["rows"]:
+        table.add_row(
+            str(r["row"]),
+            escape(r["model"]),
+            escape(r["layout"]),
+            f"{r['measured_tokens_per_s_per_gpu']:,.0f}",
+            f"{r['predicted_tokens_per_s_per_gpu']:,.0f}",
+            f"{r['error'] * 100:+.1f} %",
+        )
+    console.print(table)
+    if moe["mape_tokens_per_gpu"] is not None:
+        console.print(
+            f"MoE MAPE {_pct(moe['mape_tokens_per_gpu'])}, mean error "
+            f"{moe['mean_error'] * 100:+.1f} % over {moe['rows_used']} runs; skipped "
+            f"{moe['rows_skipped']} (published_runs_moe_skipped.csv and layouts the predictor refuses)"
+        )

@@ -21,6 +21,8 @@ import numpy as np
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import PipelineSchedule, Recompute, Sharding
+from scalelab.perf import moe as moe_mod
+from scalelab.perf.moe import MoECost
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,14 @@ def memory_per_gpu(
     recompute: np.ndarray,
     sequence_parallel: np.ndarray,
     math_attention: np.ndarray,
+    moe: MoECost | None = None,
 ) -> MemoryBreakdown:
-    """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first)."""
+    """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first). A MoE model's
+    routed experts (`moe`) are held n_experts / ep per rank and sharded over expert_dp ranks."""
     tp_f = tp.astype(float)
     layers_per_stage = np.ceil(model.n_layers / (pp * virtual_stages)) * virtual_stages
     stage_params = (
-        layers_per_stage * model.layer_params_per_tp_rank(tp_f)
+        layers_per_stage * moe_mod.layer_params_per_tp_rank(model, tp_f)
         + np.where(
             pp > 1, model.input_embedding_params, model.input_embedding_params + model.output_params
         )
@@ -104,6 +108,20 @@ def memory_per_gpu(
     )
     optimizer = np.where(full_shard, 8.0 / dp_shard, np.where(zero, 12.0 / dp, 8.0)) * stage_params
     fsdp_buffers = np.where(full_shard, 2.0 * 2.0 * model.layer_params_per_tp_rank(tp_f), 0.0)
+    if moe is not None:
+        e, eds = layers_per_stage * moe.expert_params_per_rank, moe.expert_shard
+        parameters = parameters + np.where(full_shard, 4.0 / eds, np.where(zero, 2.0, 4.0)) * e
+        gradients = gradients + e * np.where(
+            full_shard, 4.0 / eds, np.where(is_z2, 2.0 / eds, np.where(zero, 2.0, 4.0))
+        )
+        optimizer = optimizer + np.where(full_shard, 8.0 / eds, np.where(zero, 12.0 / eds, 8.0)) * e
+        # Unsharded: the current and the prefetched MoE layer's local experts, in bf16.
+        whole_layer = moe.expert_params_per_rank / max(moe_mod.moe_fraction(model), 1e-9)
+        fsdp_buffers = np.where(
+            full_shard,
+            2.0 * 2.0 * (moe_mod.layer_params_per_tp_rank(model, tp_f) + whole_layer),
+            0.0,
+        )
 
     tokens = micro_batch * seq_len / cp
     score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len
@@ -116,6 +134,9 @@ def memory_per_gpu(
     selective = activation_bytes_per_layer(
         model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
     )
+    if moe is not None:
+        per_layer = per_layer + moe.activation_bytes
+        selective = selective + moe.activation_bytes
     full = recompute == Recompute.FULL.code
     kept = np.where(
         full, layer_input, np.where(recompute == Recompute.SELECTIVE.code, selective, per_layer)
@@ -132,6 +153,8 @@ def memory_per_gpu(
     )
     logits = np.where(pp > 1, 0.0, 2.0 * 4.0 * tokens * model.vocab_size / tp_f)
     activations = stage_layers_kept * in_flight + logits
+    if moe is not None:
+        activations = activations + moe.dispatch_buffer_bytes
     reserve = np.full(tp.shape, cluster.params.memory_reserve_gib * 2**30)
     return MemoryBreakdown(
         parameters_bytes=parameters,

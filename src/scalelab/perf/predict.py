@@ -27,8 +27,10 @@ import numpy as np
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, check
 from scalelab.config.model import ModelSpec, flops_utilisation
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.metrics import canonical
 from scalelab.perf import comm
+from scalelab.perf import moe as moe_mod
 from scalelab.perf.compute import (
     BF16_BYTES,
     FP32_BYTES,
@@ -38,7 +40,7 @@ from scalelab.perf.compute import (
 )
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
-from scalelab.perf.schedule import pipeline_bubble_units, simulate_microbatch
+from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatch
 
 GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
@@ -50,6 +52,7 @@ ASSUMPTIONS = (
     "causal flash attention unless --attention math; MFU counts 6N + 12·L·d·s FLOPs per token",
     "with gradient accumulation, gradients are reduced once per step (no_sync on earlier micro-batches)",
     "power is GPU board power only (as NVML reports), not CPU, memory or network",
+    *moe_mod.ASSUMPTIONS,
 )
 
 
@@ -74,6 +77,7 @@ class Prediction:
     cp_comm_exposed_s: np.ndarray
     pp_p2p_s: np.ndarray
     pp_bubble_s: np.ndarray
+    moe_all_to_all_s: np.ndarray
     recompute_s: np.ndarray
     optimizer_s: np.ndarray
     overhead_s: np.ndarray
@@ -148,14 +152,22 @@ class StepContext:
     layers_per_stage: np.ndarray  # uneven splits put ceil(L / (pp*v)) layers in the slowest chunk
     call_s: float  # the framework's host-side cost of issuing one collective
     compute: LayerCompute
+    moe: moe_mod.MoECost | None  # a MoE model's experts, dispatch and combine (None: dense)
+    stack: StackSpec  # the framework's behaviour (config/stack.py; `generic` by default)
+    # Gradients reduced on every micro-batch (the stack's choice for this sharding), else once.
+    grad_reduces_per_step: np.ndarray
 
     @property
     def ones(self) -> np.ndarray:
         return np.ones(self.n, dtype=float)
 
 
-def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> StepContext:
-    model.require_dense("modelled by the predictor")  # expert parallelism: issue 16
+def build_context(
+    model: ModelSpec, cluster: ClusterSpec, table: LayoutTable, stack: StackSpec | None = None
+) -> StepContext:
+    """The arrays every cost reads. `cluster` should already carry the stack's parameters
+    (`StackSpec.cluster_for`, as `predict` does)."""
+    stack = stack or load_stack()
     t, pp, cp = table.tp, table.pp, table.cp
     dp = table.dp
     ds = table.dp_shard_for(cluster.gpus_per_node)
@@ -196,6 +208,19 @@ def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) ->
         layers_per_stage=np.ceil(model.n_layers / (pp * v)) * v,
         call_s=cluster.params.collective_overhead_us * 1e-6,
         compute=compute,
+        moe=moe_mod.moe_cost(
+            model,
+            cluster,
+            table,
+            tp_f=t.astype(float),
+            call_s=cluster.params.collective_overhead_us * 1e-6,
+        )
+        if model.is_moe
+        else None,
+        stack=stack,
+        grad_reduces_per_step=np.where(
+            stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
+        ),
     )
 
 
@@ -217,6 +242,15 @@ def tensor_parallel(ctx: StepContext) -> np.ndarray:
     tp_ar = 2.0 * comm.collective_time_where(uses_ar, comm.ALL_REDUCE, act_bytes, tp_group, cluster)
     call_s = ctx.call_s
     return np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
+
+
+def tensor_parallel_exposed(ctx: StepContext, tp_s: np.ndarray, gemm_s: np.ndarray) -> np.ndarray:
+    """TP communication left on the critical path: all of it, or with the stack's TP comm
+    overlap (Transformer Engine userbuffers, async TP) the part longer than the GEMMs of the
+    same pass it is pipelined with."""
+    if not ctx.stack.tp_comm_overlap:
+        return tp_s
+    return np.maximum(0.0, tp_s - gemm_s)
 
 
 @dataclass(frozen=True)
@@ -274,7 +308,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     # The shard group spans dp_shard x cp (cp inside dp_shard in the mesh: stride tp).
     shard_group = comm.group_shape(ctx.shard_ranks, ctx.tp, cluster)
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
-    layer_params = model.layer_params_per_tp_rank(tp_f)
+    layer_params = moe_mod.layer_params_per_tp_rank(model, tp_f)  # routed experts: below
     layer_param_bytes = cluster.params.compute_bytes * layer_params  # bf16 on GPUs
     layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
@@ -305,9 +339,10 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     ag = np.where((ctx.shard_ranks > 1) & full_shard, ag + ctx.call_s, 0.0)
     root_params = (model.input_embedding_params + model.output_params + model.norm_params) / tp_f
     root_scale = root_params / layer_params
+    e = ctx.moe  # a MoE model's experts: their own collectives over expert_dp, on the same stream
     return DataParallelCost(
-        all_gather_s=ag,
-        grad_reduce_s=grad_reduce,
+        all_gather_s=ag if e is None else ag + e.expert_all_gather_s,
+        grad_reduce_s=grad_reduce if e is None else grad_reduce + e.expert_grad_reduce_s,
         root_all_gather_s=ag * root_scale,
         root_grad_reduce_s=grad_reduce * root_scale,
         shard_group=shard_group,
@@ -359,6 +394,14 @@ def flat_step(
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
     m_f = take(ctx.m_f)
+    # A stack that reduces gradients on every micro-batch runs `last` m times.
+    sync_each = take(ctx.grad_reduces_per_step) > 1.0
+    other = PassResult(
+        **{
+            f.name: np.where(sync_each, getattr(last, f.name), getattr(other, f.name))
+            for f in fields(PassResult)
+        }
+    )
 
     def scatter(values: np.ndarray) -> np.ndarray:
         if every:
@@ -400,15 +443,24 @@ def pipeline_parallel(
         / np.where(ctx.sequence_parallel, ctx.tp_f, 1.0)
     )
     p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
-    p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
+    if ctx.stack.pp_p2p_overlap:
+        # Steady-state transfers hide behind the next micro-batch's chunk (Megatron's
+        # overlap_p2p_comm); warm-up and cool-down transfers stay exposed.
+        chunk_s = stage_fwd / v
+        p2p_total = 2.0 * v * ((pp - 1.0) * p2p + m_f * np.maximum(0.0, p2p - chunk_s))
+    else:
+        p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
     # Compute beside a resident data-parallel collective runs slower (`overlap_interference`);
-    # the part of a collective longer than the compute it hides behind is exposed.
+    # the part of a collective longer than the compute it hides behind is exposed. Gradients
+    # reduce once per step, or on every micro-batch where the stack does so.
+    reduces = ctx.grad_reduces_per_step
     slow = ctx.cluster.overlap_interference
-    interfered = layers_per_stage * (np.minimum(ag, fwd) + np.minimum(grad_reduce, bwd))
+    interfered = layers_per_stage * (np.minimum(ag, fwd) + reduces * np.minimum(grad_reduce, bwd))
     dp_exposed = (
-        layers_per_stage * (np.maximum(0.0, ag - fwd) + np.maximum(0.0, grad_reduce - bwd))
+        layers_per_stage
+        * (np.maximum(0.0, ag - fwd) + reduces * np.maximum(0.0, grad_reduce - bwd))
         + dpc.root_all_gather_s
-        + dpc.root_grad_reduce_s
+        + reduces * dpc.root_grad_reduce_s
     )
     compute = m_f * (stage_fwd + stage_bwd) + slow * interfered
     return StepCost(
@@ -424,7 +476,7 @@ def pipeline_parallel(
 def stage_parameters(ctx: StepContext, dpc: DataParallelCost) -> np.ndarray:
     """Parameters one rank holds before data-parallel sharding: its stage's layers and root."""
     is_pp = ctx.pp > 1
-    return ctx.layers_per_stage * ctx.model.layer_params_per_tp_rank(ctx.tp_f) + np.where(
+    return ctx.layers_per_stage * moe_mod.layer_params_per_tp_rank(ctx.model, ctx.tp_f) + np.where(
         is_pp, dpc.root_params / 2, dpc.root_params
     )
 
@@ -451,7 +503,7 @@ def ddp_buckets(ctx: StepContext, dpc: DataParallelCost) -> np.ndarray:
     ar = comm.collective_time_where(
         issues, comm.ALL_REDUCE, grad_bytes / n_buckets, dpc.shard_group, ctx.cluster
     )
-    return np.where(issues, n_buckets * (ar + ctx.call_s), 0.0)
+    return np.where(issues, n_buckets * (ar + ctx.call_s), 0.0) * ctx.grad_reduces_per_step
 
 
 def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray, np.ndarray]:
@@ -459,7 +511,12 @@ def optimizer_step(ctx: StepContext, dpc: DataParallelCost) -> tuple[np.ndarray,
     table = ctx.table
     stage_params = stage_parameters(ctx, dpc)
     opt_div = np.where(table.is_ddp, 1, ctx.shard_ranks)
-    optimizer_s = optimizer_time(stage_params / opt_div, ctx.cluster)
+    local_params = stage_params / opt_div
+    if ctx.moe is not None:  # routed experts: sharded over expert_dp
+        experts = ctx.layers_per_stage * ctx.moe.expert_params_per_rank
+        stage_params = stage_params + experts
+        local_params = local_params + experts / np.where(table.is_ddp, 1, ctx.moe.expert_shard)
+    optimizer_s = optimizer_time(local_params, ctx.cluster)
     gathers = table.is_zero & (ctx.dp_cp > 1)
     zero_ag = comm.collective_time_where(
         gathers, comm.ALL_GATHER, ctx.cluster.params.compute_bytes * stage_params,
@@ -478,16 +535,33 @@ def _select(is_pp: np.ndarray, pipelined: StepCost, flat: StepCost) -> StepCost:
     )
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Prediction:
-    """Predict step time, throughput, MFU, breakdown, memory and power for every layout."""
-    ctx = build_context(model, cluster, table)
+def predict(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    table: LayoutTable,
+    stack: StackSpec | None = None,
+) -> Prediction:
+    """Predict step time, throughput, MFU, breakdown, memory and power for every layout, as
+    `stack` (default `generic`) runs it: its parameters replace the cluster's where it sets them."""
+    stack = stack or load_stack()
+    cluster = stack.cluster_for(cluster)
+    ctx = build_context(model, cluster, table, stack)
     lc = ctx.compute
 
     tp_layer = tensor_parallel(ctx)
+    tp_forward = tensor_parallel_exposed(ctx, tp_layer, lc.gemm_forward_s)
+    tp_backward = tensor_parallel_exposed(ctx, tp_layer, 2.0 * lc.gemm_forward_s)
     cpc = context_parallel(ctx)
-    recompute_layer = recomputation(ctx, tp_layer, cpc)
-    fwd = lc.forward_s + tp_layer + cpc.forward_s
-    bwd = lc.backward_s + tp_layer + cpc.backward_s + recompute_layer
+    recompute_layer = recomputation(ctx, tp_forward, cpc)
+    fwd = lc.forward_s + tp_forward + cpc.forward_s
+    bwd = lc.backward_s + tp_backward + cpc.backward_s + recompute_layer
+    e = ctx.moe
+    if e is not None:  # experts in place of the dense FFN (full recompute reruns them)
+        recompute_layer = recompute_layer + np.where(table.recompute_full, e.forward_s, 0.0)
+        fwd, bwd = (
+            fwd + e.forward_s,
+            bwd + e.backward_s + np.where(table.recompute_full, e.forward_s, 0.0),
+        )
     dpc = data_parallel(ctx)
 
     is_pp = ctx.pp > 1
@@ -499,18 +573,26 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
 
     # Totals per step, for the breakdown.
     m_f, layers = ctx.m_f, ctx.layers_per_stage
-    tp_total = m_f * layers * tp_layer * np.where(table.recompute_full, 3.0, 2.0)
+    tp_total = m_f * layers * (tp_forward * np.where(table.recompute_full, 2.0, 1.0) + tp_backward)
     cp_total = m_f * layers * (cpc.forward_s + cpc.backward_s)
     recompute_total = m_f * layers * recompute_layer
     passes_with_ag = np.where(is_pp, 1.0, m_f) * np.where(table.reshard_after_forward, 2.0, 1.0)
     ag_total = layers * dpc.all_gather_s * passes_with_ag + dpc.root_all_gather_s * np.where(
         is_pp, 1.0, m_f
     )
-    reduce_total = layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s + ddp_bucketed
+    reduce_total = (
+        layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s
+    ) * ctx.grad_reduces_per_step + ddp_bucketed
     dp_total = ag_total + reduce_total
     share_ag = np.where(dp_total > 0, ag_total / np.maximum(dp_total, 1e-30), 0.0)
-    exposed_comm = main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag + ddp_bucketed
-    compute_s = main.compute_busy_s - tp_total - cp_total
+    a2a_total = np.zeros(ctx.n)
+    if e is not None:
+        a2a_layer = e.all_to_all_forward_s * np.where(table.recompute_full, 2.0, 1.0)
+        a2a_total = m_f * layers * (a2a_layer + e.all_to_all_backward_s)
+    exposed_comm = (
+        main.dp_exposed_s + tp_total + cp_total + main.p2p_s + zero_ag + a2a_total + ddp_bucketed
+    )
+    compute_s = main.compute_busy_s - tp_total - cp_total - a2a_total
 
     # Throughput and utilisation (definitions in scalelab.config.model).
     s = ctx.seq_len
@@ -538,6 +620,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         recompute=table.recompute,
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
+        moe=ctx.moe,
     )
     power = average_power_w(
         cluster,
@@ -566,6 +649,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
         cp_comm_exposed_s=cp_total,
         pp_p2p_s=main.p2p_s,
         pp_bubble_s=main.bubble_s,
+        moe_all_to_all_s=a2a_total,
         recompute_s=recompute_total,
         optimizer_s=optimizer_s,
         overhead_s=overhead_s,
@@ -589,13 +673,19 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     )
 
 
-def predict_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[str, Any]:
-    """Predict one layout (rule-checked first): a flat dict with every field and the assumptions."""
+def predict_layout(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, stack: StackSpec | None = None
+) -> dict[str, Any]:
+    """Predict one layout (rule-checked first, then against what the stack offers): a flat dict
+    with every field and the assumptions."""
+    stack = stack or load_stack()
     check(layout, model, cluster)
-    row = predict(model, cluster, LayoutTable.from_layouts([layout])).row(0)
+    stack.check(layout)
+    row = predict(model, cluster, LayoutTable.from_layouts([layout]), stack).row(0)
     return {
         "model": model.name,
         "cluster": cluster.name,
+        "stack": stack.name,
         "gpu": cluster.gpu.name,
         "layout": layout.model_dump(),
         **row,

@@ -235,7 +235,38 @@ class Run(BaseModel):
         )
 
 
+class MoERun(Run):
+    """A published mixture-of-experts run (`published_runs_moe.csv`, written typed, no raw reading).
+
+    The shape fields must agree with `catalog_model`, whose MoE and attention fields (experts,
+    top-k, shared experts, expert width, dense first layers, MLA) the predictor uses; `ep` and
+    `expert_tp` complete the layout. Reported apart from the dense runs (`scalelab validate`)."""
+
+    catalog_model: str = Field(
+        min_length=1, description="catalog model (config/catalog/models.yaml) with the MoE shape"
+    )
+    ep: int = Field(default=1, gt=0, description="expert-parallel degree as stated")
+    expert_tp: int = Field(default=1, gt=0, description="expert tensor-parallel degree as stated")
+
+    def model_spec(self) -> ModelSpec:
+        from scalelab.config.catalog import load_model
+
+        spec = load_model(self.catalog_model)
+        for name in ("n_layers", "d_model", "n_heads", "n_kv_heads", "vocab_size"):
+            if getattr(spec, name) != getattr(self, name):
+                raise ValueError(
+                    f"{name} {getattr(self, name)} differs from {self.catalog_model}'s "
+                    f"{getattr(spec, name)}"
+                )
+        return spec.model_copy(update={"name": self.model, "seq_len": self.seq_len})
+
+    def layout(self) -> Layout:
+        data = super().layout().model_dump()
+        return Layout(**{**data, "ep": self.ep, "expert_tp": self.expert_tp})
+
+
 FIELDS: tuple[str, ...] = tuple(Run.model_fields)
+MOE_FIELDS: tuple[str, ...] = tuple(MoERun.model_fields)
 
 
 def _cell(value: Any) -> str:
@@ -248,14 +279,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def write_runs(runs: list[Run], path: Path | None = None) -> str:
-    """The runs as CSV text (one column per field, schema version in the first column)."""
+def write_runs(runs: Sequence[Run], path: Path | None = None) -> str:
+    """The runs as CSV text (one column per field, schema version in the first column); MoE runs
+    (`MoERun`) carry their extra columns."""
+    names = MOE_FIELDS if runs and isinstance(runs[0], MoERun) else FIELDS
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["schema_version", *FIELDS])
+    writer.writerow(["schema_version", *names])
     for run in runs:
         data = run.model_dump()
-        writer.writerow([SCHEMA_VERSION, *(_cell(data[f]) for f in FIELDS)])
+        writer.writerow([SCHEMA_VERSION, *(_cell(data[f]) for f in names)])
     text = out.getvalue()
     if path is not None:
         from scalelab.io import atomic_write_text
@@ -268,8 +301,9 @@ def is_typed_header(fieldnames: Sequence[str] | None) -> bool:
     return bool(fieldnames) and next(iter(fieldnames or [])) == "schema_version"
 
 
-def read_runs(text: str, where: str = "data") -> list[Run]:
-    """Runs from typed CSV text; a bad cell is one InputError naming the row and field."""
+def read_runs(text: str, where: str = "data", kind: type[Run] = Run) -> list[Run]:
+    """Runs from typed CSV text; a bad cell is one InputError naming the row and field. `kind`
+    is `MoERun` for the MoE runs file."""
     fieldnames, records = csv_records(text, where)
     if not is_typed_header(fieldnames):
         raise InputError(where, "not a typed runs file (first column must be schema_version)")
@@ -285,7 +319,7 @@ def read_runs(text: str, where: str = "data") -> list[Run]:
         for key in ("assumed", "notes", "stack", "flop_formula"):
             data[key] = record.get(key, "") or ""
         try:
-            runs.append(Run(**data))
+            runs.append(kind(**data))
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "row"

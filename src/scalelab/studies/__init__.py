@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import InputError
-from scalelab.studies import collectives, grid, scaling
+from scalelab.studies import collectives, grid, moe, scaling
 from scalelab.studies.common import DEFAULT, Assumptions, StudyOutput, write_report
 from scalelab.studies.html import write_html
 
@@ -34,7 +34,15 @@ STUDIES: dict[str, tuple[str, Runner]] = {
         scaling.run_hsdp,
     ),
 }
-NAMES = (*STUDIES, "paper")
+# Presets beyond the study's experiments (not part of `paper`).
+EXTRA_STUDIES: dict[str, tuple[str, Runner]] = {
+    "moe": (
+        "a mixture-of-experts model against a dense model of equal active parameters, "
+        "64 -> 2048 GPUs: best EP/TP/PP/DP layout, AllToAll share, where EP stops paying",
+        moe.run,
+    ),
+}
+NAMES = (*STUDIES, *EXTRA_STUDIES, "paper")
 
 
 def run_study(
@@ -54,7 +62,7 @@ def run_study(
         from scalelab.studies.paper import run_paper
 
         return run_paper(out, assumptions, progress)
-    title, runner = STUDIES[name]
+    title, runner = (STUDIES | EXTRA_STUDIES)[name]
     result = runner(out, assumptions, progress)
     heading = f"scalelab study {name}: {title}"
     sections = [
@@ -69,4 +77,5 @@ def run_study(
         "html": str(page),
         "figures": [str(f) for f in result.figures],
         "tables": [str(t) for t in result.tables],
+        **({"rows": result.data["rows"]} if "rows" in result.data else {}),
     }

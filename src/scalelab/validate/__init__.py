@@ -26,6 +26,7 @@ from scalelab.validate.cases import (
     RunCase,
     case_from_run,
     load_cases,
+    load_moe_cases,
     load_runs,
     measured,
     predict_cases,
@@ -80,6 +81,7 @@ class ValidationReport:
     assumed_fields: dict[str, int]
     cross_validated: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    moe: dict[str, Any] | None = None  # the MoE runs, apart (shipped data only)
 
     def to_dict(self, with_rows: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -98,6 +100,8 @@ class ValidationReport:
         }
         if self.cross_validated is not None:
             out["cross_validated"] = self.cross_validated
+        if self.moe is not None:
+            out["moe"] = self.moe
         if with_rows:
             out["rows"] = self.rows
         return out
@@ -166,7 +170,39 @@ def run_validation(
         assumed_fields=dict(sorted(assumed.items(), key=lambda kv: -kv[1])),
         cross_validated=cv,
         rows=rows_out,
+        moe=moe_section() if data is None else None,
     )
+
+
+def moe_section() -> dict[str, Any]:
+    """The predictor on the shipped mixture-of-experts runs, reported apart from the dense ones
+    (their own MAPE and bias; not part of the headline or the cross-validation)."""
+    cases, skipped = load_moe_cases()
+    predicted = predict_cases_full(cases) if cases else None
+    actual = measured(cases)
+    tps = predicted["tokens_per_s_per_gpu"] if predicted is not None else np.zeros(0)
+    err = tps / actual - 1.0 if cases else np.zeros(0)
+    return {
+        "rows_used": len(cases),
+        "rows_skipped": len(skipped),
+        "skipped": [{"row": r, "reason": why} for r, why in skipped],
+        "mape_tokens_per_gpu": float(np.abs(err).mean()) if cases else None,
+        "mean_error": float(err.mean()) if cases else None,
+        "by_source": by_source([c.source for c in cases], tps, actual) if cases else {},
+        "rows": [
+            {
+                "row": c.index,
+                "source": c.source,
+                "model": c.model.name,
+                "layout": c.layout.description,
+                "measured_tokens_per_s_per_gpu": float(actual[i]),
+                "predicted_tokens_per_s_per_gpu": float(tps[i]),
+                "error": float(err[i]),
+                "predicted_fits": bool(predicted["fits"][i]) if predicted is not None else None,
+            }
+            for i, c in enumerate(cases)
+        ],
+    }
 
 
 def explain(row: int, data: Path | None = None, review: Path | None = None) -> list[str]:
