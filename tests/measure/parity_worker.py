@@ -110,6 +110,9 @@ def main() -> None:
             "local_seq_len": trainer.local_seq_len,
             "local_numel": sum(_local_numel(p) for p in trainer.params),
         }
+        if trainer.moe_modules:  # experts this rank holds (n_experts / ep) and their hidden width
+            w1 = trainer.moe_modules[0][1].experts.w1
+            results[name]["local_experts"] = list(w1.shape[:2])
         if count:
             results[name]["collectives"] = _count_collectives(trainer, steps)
         del trainer

@@ -298,9 +298,12 @@ def apply_tp(
 
 def moe_layers(model: nn.Module) -> list[tuple[int, Any]]:
     """(global layer index, MoE module) of each MoE layer of a model or stage."""
+    from torch.nn.parallel import DistributedDataParallel
+
     from scalelab.measure.moe import MoE
 
-    layers: Any = model.layers
+    inner: Any = model.module if isinstance(model, DistributedDataParallel) else model
+    layers: Any = inner.layers
     return [
         (int(key), sub)
         for key, block in layers.items()
