@@ -132,6 +132,7 @@ def _only_record(out: Path) -> Path:
             "ep",
         ),
         (["llama-tiny", "--nproc-per-node", "2", "--ep", "2"], "ep"),
+        ([MOE, "--compile"], "compile"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

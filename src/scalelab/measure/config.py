@@ -209,10 +209,21 @@ def check_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = N
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
 
 
-def check_layout_options(options: BenchOptions, layout: Layout) -> None:
-    """Options that a layout rules out. Per-micro-batch reduction is a choice for flat layouts
-    only (torch.distributed.pipelining reduces a stage's gradients once per step whatever is
-    asked); PyTorch's ZBV schedule refuses compiled stage modules (measured, torch 2.13)."""
+def check_layout_options(
+    options: BenchOptions, layout: Layout, model: ModelSpec | None = None
+) -> None:
+    """Options that a layout (or model) rules out. Per-micro-batch reduction is a choice for flat
+    layouts only (torch.distributed.pipelining reduces a stage's gradients once per step whatever
+    is asked); PyTorch's ZBV schedule refuses compiled stage modules (measured, torch 2.13); a
+    compiled MoE block recompiles whenever the per-expert token counts change (measured: a
+    one-process moe-tiny run was still compiling after 6 minutes), so MoE runs eager."""
+    if options.compile and model is not None and model.is_moe:
+        raise InputError(
+            "compile",
+            f"--compile with a mixture-of-experts model ({model.name}): the per-expert token "
+            "counts change every step and torch.compile recompiles the block each time; "
+            "use --no-compile",
+        )
     if options.compile and layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV:
         raise InputError(
             "compile",

@@ -251,11 +251,12 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         token_of_slot = order // self.top_k
         routed = self.experts(tokens[token_of_slot], counts)
-        routed = (routed.float() * scores.reshape(-1)[order].unsqueeze(-1)).to(tokens.dtype)
         if self.shared_experts is not None:
             out = self.shared_experts(tokens)
         else:
             out = torch.zeros_like(tokens)
+        # Under autocast the experts' outputs may be bf16 while the tokens are fp32.
+        routed = (routed.float() * scores.reshape(-1)[order].unsqueeze(-1)).to(out.dtype)
         index = token_of_slot.unsqueeze(-1).expand(-1, tokens.shape[-1])
         out = out.scatter_add(0, index, routed)
         if self.tp_gather:
