@@ -3,7 +3,10 @@
 The order is fixed, as in torchtitan's `parallelize_llama`:
 
 1. pipeline split (`pipeline_modules`): each rank keeps the layers of its stage(s);
-2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism;
+2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism; then, for a
+   mixture-of-experts model, expert parallelism and expert TP (`apply_moe`, measure/moe.py:
+   each rank keeps its experts, tokens move by AllToAll over the EP mesh, which borrows
+   dp_shard x cp, and tp when expert_tp is 1, as torchtitan's `_build_mesh_with_ep` does);
 3. activation checkpointing (`apply_ac`): none, selective (recompute the attention core,
    scaled_dot_product_attention, and keep every other activation: Korthikanti et al. 2022, the
    recompute the predictor costs and counts in HFU) or full (recompute each block);
@@ -13,11 +16,14 @@ The order is fixed, as in torchtitan's `parallelize_llama`:
    DDP broadcasts real parameters). The layout's ZeRO stages map onto these: `zero2` is FSDP2
    without resharding after forward (gradients and optimizer state sharded, parameters stay
    gathered from forward to the end of backward, like FSDP1's SHARD_GRAD_OP), `zero1` is DDP with
-   `ZeroRedundancyOptimizer` (optimizer state sharded).
+   `ZeroRedundancyOptimizer` (optimizer state sharded). Under EP each MoE layer's routed experts
+   are their own FSDP unit on the ranks that hold the same experts (`Meshes.expert_fsdp`,
+   dp_shard_mod_ep); everything else is sharded over dp x cp as for a dense model.
 
 Context parallelism is applied per step around forward and backward (`cp_context`). Gradient
 clipping (`clip_grad_norm_`) works when parameters live on different meshes (plain tensors, TP
-DTensors, FSDP×TP DTensors, and pipeline stages).
+DTensors, FSDP×TP DTensors, and pipeline stages) and when expert weights are plain slices of the
+model's (their squared norms summed over the EP and expert-TP groups).
 """
 
 from __future__ import annotations
