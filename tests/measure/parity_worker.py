@@ -107,12 +107,15 @@ def main() -> None:
             "loss": repeat.loss,
             "grad_norm": repeat.grad_norm,
             "expert_load_imbalance": repeat.extra.get("expert_load_imbalance"),
+            "ep_load_imbalance": repeat.extra.get("ep_load_imbalance"),
             "local_seq_len": trainer.local_seq_len,
             "local_numel": sum(_local_numel(p) for p in trainer.params),
         }
         if trainer.moe_modules:  # experts this rank holds (n_experts / ep) and their hidden width
             w1 = trainer.moe_modules[0][1].experts.w1
             results[name]["local_experts"] = list(w1.shape[:2])
+            if info.world_size == 1:  # the routed slots per (step, layer, expert): all of them
+                results[name]["expert_counts"] = [c.tolist() for c in trainer.expert_counts]
         if count:
             results[name]["collectives"] = _count_collectives(trainer, steps)
         del trainer

@@ -423,6 +423,9 @@ def test_moe_expert_parallel_record(tmp_path: Path, moe_reference: dict[str, Any
     per_step = record.measurements["repeats"][0]["expert_load_imbalance"]
     assert len(per_step) == 2 and imbalance == pytest.approx(sum(per_step) / 2)
     assert per_step == pytest.approx(moe_reference["expert_load_imbalance"][1:3])
+    ep_per_step = record.measurements["repeats"][0]["ep_load_imbalance"]
+    assert len(ep_per_step) == 2 and all(v >= 1.0 for v in ep_per_step)
+    assert record.summary["ep_load_imbalance"]["mean"] == pytest.approx(sum(ep_per_step) / 2)
     rep = record.measurements["repeats"][0]
     losses = rep["warmup_loss"] + rep["loss"]
     assert max(abs(a - b) for a, b in zip(losses, moe_reference["loss"][:3], strict=True)) <= 1e-5

@@ -267,11 +267,42 @@ def test_moe_matches_single_process(
     assert all(v >= 1.0 for v in imbalance)
     assert result["local_experts"] == wanted["local_experts"]
     assert result["local_numel"] < 0.55 * MOE_TOTAL
+    # The EP ranks' load imbalance: where one EP group sees the whole global batch (all but
+    # moe_ep2_fsdp4, whose two EP groups see half each), it is the single-process run's counts
+    # split into the EP ranks' halves of the experts.
+    ep_imbalance = result["ep_load_imbalance"]
+    assert len(ep_imbalance) == steps and all(v >= 1.0 for v in ep_imbalance)
+    if case != "moe_ep2_fsdp4":
+        expected_ep = _ep_imbalance(moe_reference["expert_counts"][:steps], 2)
+        assert ep_imbalance == pytest.approx(expected_ep), (ep_imbalance, expected_ep)
+
+
+def _ep_imbalance(counts: list[list[list[float]]], ep: int) -> list[float]:
+    """Per step, the MoE layers' mean of max / mean over EP ranks of the routed slots of each
+    rank's contiguous block of experts (counts: step x layer x expert, 0 for dense layers)."""
+    out = []
+    for step in counts:
+        ratios = []
+        for layer in step:
+            if sum(layer):
+                block = len(layer) // ep
+                loads = [sum(layer[r * block : (r + 1) * block]) for r in range(ep)]
+                ratios.append(max(loads) / (sum(loads) / ep))
+        out.append(sum(ratios) / len(ratios))
+    return out
 
 
 def test_moe_reference_holds_the_whole_model(moe_reference: dict[str, Any]) -> None:
     assert moe_reference["local_numel"] == MOE_TOTAL
     assert moe_reference["local_experts"] == [8, 64]
+    assert moe_reference["ep_load_imbalance"] == [1.0] * WORLD4_STEPS  # no EP: one rank
+    # The definition of expert_load_imbalance, from the routed slots per expert.
+    by_expert = []
+    for step in moe_reference["expert_counts"]:
+        ratios = [max(layer) / (sum(layer) / len(layer)) for layer in step if sum(layer)]
+        by_expert.append(sum(ratios) / len(ratios))
+    assert moe_reference["expert_load_imbalance"] == pytest.approx(by_expert)
+    assert max(by_expert) > 1.1  # the tiny router is unbalanced: the metric sees it
 
 
 @pytest.mark.parametrize(

@@ -245,6 +245,7 @@ def materialize(model: nn.Module, spec: ModelSpec, seed: int, device: torch.devi
     for module in model.modules():
         if isinstance(module, MoE):
             module.tokens_per_expert.zero_()
+            module.experts.rows_computed.zero_()
             if module.router.expert_bias is not None:
                 module.router.expert_bias.zero_()
         if isinstance(module, Transformer):

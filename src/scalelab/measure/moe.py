@@ -123,10 +123,17 @@ class Router(nn.Module):
 
 class GroupedExperts(nn.Module):
     """The routed experts' SwiGLU weights: w1, w3 (experts, hidden, d_model); w2 (experts,
-    d_model, hidden). Under EP this rank holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep)."""
+    d_model, hidden). Under EP this rank holds experts [ep_rank * E/ep, (ep_rank + 1) * E/ep).
+    `rows_computed` accumulates the (token, choice) rows this rank's experts ran (no gradient;
+    the trainer reads and resets it every step: the EP ranks' load imbalance)."""
+
+    rows_computed: torch.Tensor
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
+        self.register_buffer(
+            "rows_computed", torch.zeros((), dtype=torch.float64), persistent=False
+        )
         e, d, h = spec.n_experts, spec.d_model, spec.expert_width
         self.n_experts = e
         self.w1 = nn.Parameter(torch.empty(e, h, d))
@@ -157,6 +164,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`x`: rows sorted by expert, `counts[e]` rows for expert e (all n_experts)."""
         if self.ep_group is None or self.ep_size == 1:
+            self.rows_computed.add_(x.shape[0])
             return self._compute(x, counts.tolist())
         from torch.distributed._functional_collectives import all_to_all_single_autograd
 
@@ -174,6 +182,7 @@ class GroupedExperts(nn.Module):
             order = torch.argsort(key, stable=True)
             inverse = torch.argsort(order)
             per_expert = received.view(ep, n_local).sum(dim=0).tolist()
+            self.rows_computed.add_(sum(per_expert))
         arrived = all_to_all_single_autograd(x, recv_splits, send_splits, self.ep_group)
         out = self._compute(arrived[order], per_expert)[inverse]
         return all_to_all_single_autograd(out, send_splits, recv_splits, self.ep_group)

@@ -34,6 +34,10 @@ MEASURED_ONLY = (
     # MoE models: per step, max over experts / mean over experts of the (token, choice) slots
     # routed to each expert in the global batch, averaged over the MoE layers, then over steps.
     "expert_load_imbalance",
+    # MoE models: per step, the busiest EP rank's (token, choice) rows over the mean of its EP
+    # group's, averaged over the MoE layers and EP groups, then over steps (1.0 without EP; the
+    # predictor's load-imbalance factor is this quantity, perf/moe.py).
+    "ep_load_imbalance",
 )
 # Per-repeat metrics of a bench record's summary (mean, std, 95 % CI over repeats): names from
 # scalelab.metrics, where the predictor's result has the same keys, or MEASURED_ONLY.
@@ -52,9 +56,9 @@ SUMMARY_METRICS = (
     "energy_per_token_j",
     "final_loss",
 )
-MOE_SUMMARY_METRICS = (*SUMMARY_METRICS, "expert_load_imbalance")
+MOE_SUMMARY_METRICS = (*SUMMARY_METRICS, "expert_load_imbalance", "ep_load_imbalance")
 # Metrics a repeat's raw measurements hold per measured step, not as the repeat's one value.
-PER_STEP = ("step_time_s", "tokens_per_s", "expert_load_imbalance")
+PER_STEP = ("step_time_s", "tokens_per_s", "expert_load_imbalance", "ep_load_imbalance")
 
 
 @dataclass
@@ -191,8 +195,11 @@ def repeat_figures(
 def _moe_figures(spec: ModelSpec, res: RepeatResult) -> dict[str, Any]:
     if not spec.is_moe:
         return {}
-    per_step = res.extra.get("expert_load_imbalance") or []
-    return {"expert_load_imbalance": sum(per_step) / len(per_step) if per_step else None}
+    figures: dict[str, Any] = {}
+    for name in ("expert_load_imbalance", "ep_load_imbalance"):
+        per_step = res.extra.get(name) or []
+        figures[name] = sum(per_step) / len(per_step) if per_step else None
+    return figures
 
 
 def bench_record(

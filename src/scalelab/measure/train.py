@@ -344,8 +344,10 @@ class Trainer:
         self.sliced = [
             (ps, gs) for ps, gs in ((routed, routed_groups), (shared, shared_groups)) if gs
         ]
-        # One (n_layers, n_experts) tensor of routed (token, choice) slots per step.
+        # Per step: an (n_layers, n_experts) tensor of routed (token, choice) slots (of the
+        # tokens this rank routed), and an (n_layers,) tensor of the rows its experts computed.
         self.expert_counts: list[torch.Tensor] = []
+        self.expert_rows: list[torch.Tensor] = []
 
     def _sum_tp_partial_grads(self) -> None:
         """Sum over TP the gradients each TP rank holds only part of (`MoE.tp_partial_params`)."""
@@ -369,10 +371,14 @@ class Trainer:
         counts = torch.zeros(
             self.spec.n_layers, self.spec.n_experts, dtype=torch.float64, device=self.info.device
         )
+        rows = torch.zeros(self.spec.n_layers, dtype=torch.float64, device=self.info.device)
         for index, m in self.moe_modules:
             counts[index] += m.tokens_per_expert
+            rows[index] += m.experts.rows_computed
             m.tokens_per_expert.zero_()
+            m.experts.rows_computed.zero_()
         self.expert_counts.append(counts)
+        self.expert_rows.append(rows)
 
     def _optimizer(self) -> Any:
         kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
@@ -563,6 +569,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     """Warm-up then measured steps from global step `first_step`."""
     opts, device = trainer.options, trainer.info.device
     trainer.expert_counts.clear()
+    trainer.expert_rows.clear()
     w_times, w_losses, _ = _timed_steps(trainer, first_step, opts.warmup)
     dist.barrier()
     if device.type == "cuda":
@@ -609,6 +616,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         extra["expert_load_imbalance"] = expert_load_imbalance(
             trainer.spec, trainer.expert_counts[-opts.steps :]
         )
+        extra["ep_load_imbalance"] = ep_load_imbalance(trainer, trainer.expert_rows[-opts.steps :])
     return RepeatResult(
         warmup_step_time_s=w_times_r,
         warmup_loss=loss_list[: len(w_losses)],
@@ -623,6 +631,30 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         memory_bytes=[int(v) if v == v else None for v in per_step],
         extra=extra,
     )
+
+
+def ep_load_imbalance(trainer: Trainer, per_step: list[torch.Tensor]) -> list[float]:
+    """Per step, the MoE layers' mean of max over an EP group's ranks / mean over them of the
+    (token, choice) rows each rank's experts computed, averaged over the EP groups: how much
+    more the busiest EP rank computes than the average one (the predictor's load-imbalance
+    factor, perf/moe.py). 1.0 without expert parallelism."""
+    rows = torch.stack(per_step)  # (steps, n_layers): this rank's
+    ratio = torch.ones_like(rows)
+    if trainer.meshes.ep is not None:
+        group = trainer.meshes.ep.get_group()
+        busiest, total = rows.clone(), rows.clone()
+        dist.all_reduce(busiest, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(total, group=group)
+        ratio = busiest / (total / trainer.dims.ep).clamp_min(1e-12)
+    # Average over the ranks that hold each MoE layer (pipeline stages hold different layers).
+    here = torch.zeros(trainer.spec.n_layers, dtype=rows.dtype, device=rows.device)
+    for index, _ in trainer.moe_modules:
+        here[index] = 1.0
+    summed = torch.stack([ratio * here, here.expand_as(ratio)])
+    dist.all_reduce(summed)
+    layers = [i for i in range(trainer.spec.n_layers) if trainer.spec.is_moe_layer(i)]
+    mean = summed[0][:, layers] / summed[1][:, layers].clamp_min(1.0)
+    return [float(v) for v in mean.mean(dim=-1).tolist()]
 
 
 def expert_load_imbalance(spec: ModelSpec, per_step: list[torch.Tensor]) -> list[float]:
