@@ -119,6 +119,15 @@ def test_fp8_options_refused_where_they_cannot_apply(
     assert info.value.field == field
 
 
+def test_moe_models_are_refused() -> None:
+    from scalelab.config.catalog import load_model
+
+    moe = load_model("examples/moe-tiny.yaml")
+    with pytest.raises(InputError, match="mixture-of-experts") as info:
+        check_layout(_layout(), moe)
+    assert info.value.field == "precision"
+
+
 def test_gloo_cannot_carry_fp8_activations() -> None:
     from scalelab.measure import fp8
 
