@@ -35,6 +35,7 @@ from scalelab.config.options import (
     Recompute,
     Sharding,
 )
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.errors import InputError
 from scalelab.perf.predict import Prediction, predict
 
@@ -71,6 +72,7 @@ class Constraints:
 class SearchResult:
     model: str
     cluster: str
+    stack: str
     gpus: int
     global_batch: int
     seq_len: int
@@ -354,8 +356,9 @@ def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str
 MOE_REFINE = 16
 
 
-def _stage_one(c: Constraints) -> Constraints:
-    """One value of each secondary knob (the leanest in memory the constraints allow)."""
+def _stage_one(c: Constraints, stack: StackSpec) -> Constraints:
+    """One value of each secondary knob (the leanest in memory the constraints and the stack
+    allow)."""
     from dataclasses import replace
 
     def pick(allowed: list[Any] | None, prefer: Any) -> list[Any] | None:
@@ -363,12 +366,16 @@ def _stage_one(c: Constraints) -> Constraints:
             return [prefer]
         return allowed[:1]
 
+    offered = [str(x) for x in stack.shardings]
+    shardings = [x for x in (c.sharding or list(Sharding.names())) if x in offered]
+    schedules = [str(x) for x in stack.schedules]
+    schedules = [x for x in (c.pp_schedule or schedules) if x in schedules]
     return replace(
         c,
-        sharding=pick(c.sharding, Sharding.FSDP.value),
+        sharding=pick(shardings or c.sharding, Sharding.FSDP.value),
         reshard_after_forward=pick(c.reshard_after_forward, True),
         sequence_parallel=pick(c.sequence_parallel, True),
-        pp_schedule=pick(c.pp_schedule, PipelineSchedule.ONE_F_ONE_B.value),
+        pp_schedule=pick(schedules or c.pp_schedule, PipelineSchedule.ONE_F_ONE_B.value),
     )
 
 
@@ -380,12 +387,14 @@ class _Evaluated:
     pred: Prediction | None
 
 
-def _evaluate(model: ModelSpec, cluster: ClusterSpec, space: LayoutTable) -> _Evaluated:
-    invalid = np.asarray(
-        np.stack(list(violation_masks(space, model, cluster).values())).any(axis=0), dtype=bool
-    )
+def _evaluate(
+    model: ModelSpec, cluster: ClusterSpec, space: LayoutTable, stack: StackSpec
+) -> _Evaluated:
+    masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
+    invalid = np.asarray(np.stack(list(masks.values())).any(axis=0), dtype=bool)
     valid = space.take(~invalid)
-    return _Evaluated(space, invalid, valid, predict(model, cluster, valid) if len(valid) else None)
+    pred = predict(model, cluster, valid, stack) if len(valid) else None
+    return _Evaluated(space, invalid, valid, pred)
 
 
 def _degree_keys(t: LayoutTable) -> np.ndarray:
@@ -409,12 +418,16 @@ def _moe_space(
     seq_len: int,
     constraints: Constraints | None,
     objective: str,
+    stack: StackSpec,
 ) -> tuple[LayoutTable, np.ndarray, LayoutTable, Prediction | None, dict[str, Any]]:
     """The two-stage MoE space (see MOE_REFINE): the layouts priced, which were invalid, the
     valid ones and their prediction."""
     c = constraints or Constraints()
     one = _evaluate(
-        model, cluster, enumerate_space(model, cluster, gpus, global_batch, seq_len, _stage_one(c))
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, _stage_one(c, stack)),
+        stack,
     )
     if one.pred is None:
         return one.space, one.invalid, one.valid, None, {}
@@ -431,7 +444,10 @@ def _moe_space(
     for tp, pp, cp, ep, et in map(_degrees_of, keys[chosen].tolist()):
         degrees.setdefault((tp, pp, cp), set()).add((ep, et))
     two = _evaluate(
-        model, cluster, enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees)
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees),
+        stack,
     )
     # Stage one's layouts of the refined combinations are in stage two: drop them there.
     refined = np.zeros(len(keys), dtype=bool)
@@ -460,16 +476,21 @@ def priced_space(
     seq_len: int,
     constraints: Constraints | None = None,
     objective: str = "throughput",
+    stack: StackSpec | None = None,
 ) -> tuple[LayoutTable, Prediction | None]:
     """The valid layouts search prices (both stages for a MoE model) and their prediction, for
     studies that need more than the top (e.g. the best layout per EP degree)."""
+    stack = stack or load_stack()
     if model.is_moe:
         _, _, valid, pred, _ = _moe_space(
-            model, cluster, gpus, global_batch, seq_len, constraints, objective
+            model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
         )
         return valid, pred
     ev = _evaluate(
-        model, cluster, enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
+        model,
+        cluster,
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints),
+        stack,
     )
     return ev.valid, ev.pred
 
@@ -494,8 +515,11 @@ def search(
     objective: str = "throughput",
     constraints: Constraints | None = None,
     top_k: int = 5,
+    stack: StackSpec | None = None,
 ) -> SearchResult:
-    """Rank every valid, fitting layout of the job by the objective."""
+    """Rank every valid, fitting layout of the job by the objective, among the options `stack`
+    (default `generic`: all) offers, predicted as that stack runs them."""
+    stack = stack or load_stack()
     import time
 
     if objective not in OBJECTIVES:
@@ -525,14 +549,16 @@ def search(
     extra: dict[str, Any] = {}
     if model.is_moe:
         space, _, valid, pred, extra = _moe_space(
-            model, cluster, gpus, global_batch, seq_len, constraints, objective
+            model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
         )
-        invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))
+        masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
+        invalid, by_reason = _first_reasons(masks)
     else:
         space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
-        invalid, by_reason = _first_reasons(violation_masks(space, model, cluster))
+        masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
+        invalid, by_reason = _first_reasons(masks)
         valid = space.take(~invalid)
-        pred = predict(model, cluster, valid) if len(valid) else None
+        pred = predict(model, cluster, valid, stack) if len(valid) else None
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)
@@ -571,6 +597,7 @@ def search(
     return SearchResult(
         model=model.name,
         cluster=cluster.name,
+        stack=stack.name,
         gpus=gpus,
         global_batch=global_batch,
         seq_len=seq_len,

@@ -178,6 +178,8 @@ def test_every_catalog_gpu_is_read_by_its_own_name() -> None:
         ("A100-SXM4-40GB", "A100-SXM4-40GB", 40.0),
         ("A100-SXM4-80GB (DGX A100, 200Gb/s HDR IB)", "A100-SXM4-80GB", 80.0),
         ("V100-SXM2-16GB (100Gb/s EDR IB)", "V100-SXM2", 16.0),
+        ("AMD Instinct MI300X 192GB", "MI300X", 192.0),
+        ("HGX B300", "B300", None),
     ],
 )
 def test_gpu_descriptions(text: str, gpu: str, gib: float | None) -> None:
@@ -187,7 +189,7 @@ def test_gpu_descriptions(text: str, gpu: str, gib: float | None) -> None:
     load_gpu(read[0])
 
 
-@pytest.mark.parametrize("text", ["TPU v5p", "H100 PCIe", "MI300X", ""])
+@pytest.mark.parametrize("text", ["TPU v5p", "H100 PCIe", "MI250X", ""])
 def test_gpus_not_in_the_catalog_are_refused(text: str) -> None:
     read = rules.read_gpu(text)
     assert isinstance(read, str) and read.startswith("GPU not in the catalog")

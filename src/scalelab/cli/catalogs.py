@@ -19,6 +19,40 @@ from scalelab.config.catalog import (
 def register(app: typer.Typer) -> None:
     app.command("models")(models)
     app.command("hardware")(hardware)
+    app.command("stacks")(stacks)
+
+
+def stacks(json_out: JsonOpt = False) -> None:
+    """List the software stacks `--stack` selects: what each framework offers and overlaps."""
+    from scalelab.config.stack import load_stack, stack_names
+
+    specs = [load_stack(name) for name in stack_names()]
+    if json_out:
+        print_json({"stacks": [s.model_dump(mode="json") for s in specs]})
+        return
+    table = Table(title="software stacks (--stack; any other: a YAML file)")
+    for col in (
+        "name",
+        "schedules",
+        "shardings",
+        "grads reduced every micro-batch",
+        "TP overlap",
+        "PP p2p overlap",
+        "max tp/pp/cp",
+    ):
+        table.add_column(col)
+    for s in specs:
+        limits = "/".join("any" if v >= 2**20 else str(v) for v in (s.max_tp, s.max_pp, s.max_cp))
+        table.add_row(
+            s.name,
+            ", ".join(str(x) for x in s.schedules) or "none",
+            ", ".join(str(x) for x in s.shardings),
+            ", ".join(str(x) for x in s.microbatch_grad_sync) or "-",
+            "yes" if s.tp_comm_overlap else "no",
+            "yes" if s.pp_p2p_overlap else "no",
+            limits,
+        )
+    console.print(table)
 
 
 def models(json_out: JsonOpt = False) -> None:
@@ -91,6 +125,7 @@ def hardware(json_out: JsonOpt = False) -> None:
         "name",
         "bf16 TF/s",
         "fp8 TF/s",
+        "block-scaled TF/s",
         "HBM GiB",
         "HBM GB/s",
         "NVLink GB/s/dir",
@@ -104,6 +139,12 @@ def hardware(json_out: JsonOpt = False) -> None:
         gt.add_row(
             g.name,
             *(f"{g.peak_tflops[p]:.0f}" if p in g.peak_tflops else "-" for p in ("bf16", "fp8")),
+            ", ".join(
+                f"{fmt} {g.peak_tflops[fmt]:.0f}"
+                for fmt in ("mxfp8", "nvfp4", "mxfp4")
+                if fmt in g.peak_tflops
+            )
+            or "-",
             f"{g.hbm_gib:g}",
             f"{g.hbm_gbs:g}",
             f"{g.nvlink_gbs:g}",

@@ -26,6 +26,14 @@ err_console = Console(stderr=True)
 ModelArg = Annotated[
     str, typer.Argument(help="catalog model name (see `scalelab models`) or a YAML file")
 ]
+StackOpt = Annotated[
+    str,
+    typer.Option(
+        "--stack",
+        help="software stack: what the framework does (schedules and shardings offered, gradient "
+        "sync, overlaps); see `scalelab stacks`, or a YAML file",
+    ),
+]
 ClusterOpt = Annotated[
     str,
     typer.Option(

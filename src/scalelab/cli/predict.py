@@ -12,12 +12,14 @@ from scalelab.cli.common import (
     ClusterOpt,
     JsonOpt,
     ModelArg,
+    StackOpt,
     build_layout,
     console,
     layout_options,
     print_json,
 )
 from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.stack import load_stack
 from scalelab.perf.predict import predict_layout
 
 GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")]
@@ -31,6 +33,7 @@ def register(app: typer.Typer) -> None:
 def predict(
     model: ModelArg,
     cluster: ClusterOpt = "h100-ib",
+    stack: StackOpt = "generic",
     gpus: GpusOpt = 8,
     json_out: JsonOpt = False,
     **layout: Any,
@@ -44,7 +47,7 @@ def predict(
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
-    result = predict_layout(spec, cluster_spec, built)
+    result = predict_layout(spec, cluster_spec, built, load_stack(stack))
     if json_out:
         print_json(result)
         return
@@ -64,7 +67,7 @@ def render_prediction(r: dict[str, Any]) -> None:
     lay = r["layout"]
     console.print(
         f"[bold]{escape(str(r['model']))}[/] on {lay['gpus']} x {escape(str(r['gpu']))} "
-        f"({escape(str(r['cluster']))}): "
+        f"({escape(str(r['cluster']))}, stack {escape(str(r.get('stack', 'generic')))}): "
         f"sharding {lay['sharding']}, tp {lay['tp']}, pp {lay['pp']} ({lay['pp_schedule']}), cp {lay['cp']}, "
         f"dp {int(r['data_parallel'])}, micro-batch {lay['micro_batch']} x {int(r['n_microbatches'])}, "
         f"global batch {lay['global_batch']} x {lay['seq_len']} tokens, recompute {lay['recompute']}, {lay['precision']}"

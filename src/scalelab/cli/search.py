@@ -14,6 +14,7 @@ from scalelab.cli.common import (
     JsonOpt,
     ModelArg,
     SeqLenOpt,
+    StackOpt,
     build_constraints,
     console,
     constraint_options,
@@ -22,6 +23,7 @@ from scalelab.cli.common import (
 )
 from scalelab.config.catalog import load_cluster, load_model
 from scalelab.config.layout import Layout
+from scalelab.config.stack import load_stack
 from scalelab.search import OBJECTIVES, describe, search
 
 
@@ -33,6 +35,7 @@ def register(app: typer.Typer) -> None:
 def search_command(
     model: ModelArg,
     cluster: ClusterOpt = "h100-ib",
+    stack: StackOpt = "generic",
     gpus: Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")] = 8,
     global_batch: Annotated[
         int | None, typer.Option("--global-batch", help="sequences per step (default: 1 per GPU)")
@@ -64,6 +67,7 @@ def search_command(
             objective=objective,
             constraints=allowed,
             top_k=top,
+            stack=load_stack(stack),
         )
     if json_out:
         print_json(result.to_dict())
@@ -104,7 +108,7 @@ def _table(title: str) -> Table:
 
 def render(r: dict[str, Any]) -> None:
     console.print(
-        f"[bold]{escape(str(r['model']))}[/] on {r['gpus']} GPUs ({escape(str(r['cluster']))}), global batch {r['global_batch']} x "
+        f"[bold]{escape(str(r['model']))}[/] on {r['gpus']} GPUs ({escape(str(r['cluster']))}, stack {escape(str(r.get('stack', 'generic')))}), global batch {r['global_batch']} x "
         f"{r['seq_len']} tokens, objective {r['objective']}"
     )
     reasons = ", ".join(f"{k}: {v:,}" for k, v in r["invalid_by_reason"].items()) or "none"

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Precision = Literal["bf16", "fp16", "fp8"]
+# Number formats a GPU's peak may be listed for: the training precisions, then block-scaled formats
+# (OCP microscaling MXFP8/MXFP4 and NVIDIA's NVFP4) of Blackwell and CDNA 4 parts.
+PEAK_FORMATS: tuple[str, ...] = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "mxfp4")
 
 
 class GPUSpec(BaseModel):
@@ -22,8 +25,9 @@ class GPUSpec(BaseModel):
         "gpus.yaml); `catalog.cluster_for_device` maps a device to a cluster with them",
     )
     peak_tflops: dict[str, float] = Field(
-        description="dense (no sparsity) tensor-core peak, TFLOP/s, by precision (fp16, bf16, fp8); "
-        "vendor datasheet"
+        description="dense (no sparsity) tensor-core peak, TFLOP/s, by precision: the training "
+        "precisions fp16, bf16, fp8, and the block-scaled formats mxfp8, nvfp4, mxfp4 where the "
+        "GPU has them (listed for reference and MFU against them; vendor datasheet)"
     )
     sm_count: int = Field(
         132,
@@ -62,8 +66,10 @@ class GPUSpec(BaseModel):
     @classmethod
     def _positive_peaks(cls, peaks: dict[str, float]) -> dict[str, float]:
         for precision, value in peaks.items():
-            if precision not in ("bf16", "fp16", "fp8"):
-                raise ValueError(f"'{precision}' is not a precision: give bf16, fp16 or fp8")
+            if precision not in PEAK_FORMATS:
+                raise ValueError(
+                    f"'{precision}' is not a precision: give one of {', '.join(PEAK_FORMATS)}"
+                )
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{precision}: must be a positive number of TFLOP/s, not {value}")
         if "bf16" not in peaks and "fp16" not in peaks:

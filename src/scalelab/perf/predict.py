@@ -27,6 +27,7 @@ import numpy as np
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, check
 from scalelab.config.model import ModelSpec, flops_utilisation
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.metrics import canonical
 from scalelab.perf import comm
 from scalelab.perf import moe as moe_mod
@@ -39,7 +40,7 @@ from scalelab.perf.compute import (
 )
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
-from scalelab.perf.schedule import pipeline_bubble_units, simulate_microbatch
+from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatch
 
 GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES
@@ -151,6 +152,9 @@ class StepContext:
     layers_per_stage: np.ndarray  # uneven splits put ceil(L / (pp*v)) layers in the slowest chunk
     call_s: float  # the framework's host-side cost of issuing one collective
     compute: LayerCompute
+    stack: StackSpec  # the framework's behaviour (config/stack.py; `generic` by default)
+    # Gradients reduced on every micro-batch (the stack's choice for this sharding), else once.
+    grad_reduces_per_step: np.ndarray
     moe: moe_mod.MoECost | None  # a MoE model's experts, dispatch and combine (None: dense)
 
     @property
@@ -158,7 +162,12 @@ class StepContext:
         return np.ones(self.n, dtype=float)
 
 
-def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> StepContext:
+def build_context(
+    model: ModelSpec, cluster: ClusterSpec, table: LayoutTable, stack: StackSpec | None = None
+) -> StepContext:
+    """The arrays every cost reads. `cluster` should already carry the stack's parameters
+    (`StackSpec.cluster_for`, as `predict` does)."""
+    stack = stack or load_stack()
     t, pp, cp = table.tp, table.pp, table.cp
     dp = table.dp
     ds = table.dp_shard_for(cluster.gpus_per_node)
@@ -199,6 +208,10 @@ def build_context(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) ->
         layers_per_stage=np.ceil(model.n_layers / (pp * v)) * v,
         call_s=cluster.params.collective_overhead_us * 1e-6,
         compute=compute,
+        stack=stack,
+        grad_reduces_per_step=np.where(
+            stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
+        ),
         moe=moe_mod.moe_cost(
             model,
             cluster,
@@ -227,6 +240,15 @@ def tensor_parallel(ctx: StepContext) -> np.ndarray:
     tp_ar = 2.0 * comm.collective_time_where(uses_ar, comm.ALL_REDUCE, act_bytes, tp_group, cluster)
     call_s = ctx.call_s
     return np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
+
+
+def tensor_parallel_exposed(ctx: StepContext, tp_s: np.ndarray, gemm_s: np.ndarray) -> np.ndarray:
+    """TP communication left on the critical path: all of it, or with the stack's TP comm
+    overlap (Transformer Engine userbuffers, async TP) the part longer than the GEMMs of the
+    same pass it is pipelined with."""
+    if not ctx.stack.tp_comm_overlap:
+        return tp_s
+    return np.maximum(0.0, tp_s - gemm_s)
 
 
 @dataclass(frozen=True)
@@ -368,6 +390,14 @@ def flat_step(
     last = simulate_microbatch(sync_grads=True, **common)
     other = simulate_microbatch(sync_grads=False, **common)
     m_f = take(ctx.m_f)
+    # A stack that reduces gradients on every micro-batch runs `last` m times.
+    sync_each = take(ctx.grad_reduces_per_step) > 1.0
+    other = PassResult(
+        **{
+            f.name: np.where(sync_each, getattr(last, f.name), getattr(other, f.name))
+            for f in fields(PassResult)
+        }
+    )
 
     def scatter(values: np.ndarray) -> np.ndarray:
         if every:
@@ -409,15 +439,24 @@ def pipeline_parallel(
         / np.where(ctx.sequence_parallel, ctx.tp_f, 1.0)
     )
     p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
-    p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
+    if ctx.stack.pp_p2p_overlap:
+        # Steady-state transfers hide behind the next micro-batch's chunk (Megatron's
+        # overlap_p2p_comm); warm-up and cool-down transfers stay exposed.
+        chunk_s = stage_fwd / v
+        p2p_total = 2.0 * v * ((pp - 1.0) * p2p + m_f * np.maximum(0.0, p2p - chunk_s))
+    else:
+        p2p_total = 2.0 * v * (m_f + pp - 1.0) * p2p
     # Compute beside a resident data-parallel collective runs slower (`overlap_interference`);
-    # the part of a collective longer than the compute it hides behind is exposed.
+    # the part of a collective longer than the compute it hides behind is exposed. Gradients
+    # reduce once per step, or on every micro-batch where the stack does so.
+    reduces = ctx.grad_reduces_per_step
     slow = ctx.cluster.overlap_interference
-    interfered = layers_per_stage * (np.minimum(ag, fwd) + np.minimum(grad_reduce, bwd))
+    interfered = layers_per_stage * (np.minimum(ag, fwd) + reduces * np.minimum(grad_reduce, bwd))
     dp_exposed = (
-        layers_per_stage * (np.maximum(0.0, ag - fwd) + np.maximum(0.0, grad_reduce - bwd))
+        layers_per_stage
+        * (np.maximum(0.0, ag - fwd) + reduces * np.maximum(0.0, grad_reduce - bwd))
         + dpc.root_all_gather_s
-        + dpc.root_grad_reduce_s
+        + reduces * dpc.root_grad_reduce_s
     )
     compute = m_f * (stage_fwd + stage_bwd) + slow * interfered
     return StepCost(
@@ -464,16 +503,26 @@ def _select(is_pp: np.ndarray, pipelined: StepCost, flat: StepCost) -> StepCost:
     )
 
 
-def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Prediction:
-    """Predict step time, throughput, MFU, breakdown, memory and power for every layout."""
-    ctx = build_context(model, cluster, table)
+def predict(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    table: LayoutTable,
+    stack: StackSpec | None = None,
+) -> Prediction:
+    """Predict step time, throughput, MFU, breakdown, memory and power for every layout, as
+    `stack` (default `generic`) runs it: its parameters replace the cluster's where it sets them."""
+    stack = stack or load_stack()
+    cluster = stack.cluster_for(cluster)
+    ctx = build_context(model, cluster, table, stack)
     lc = ctx.compute
 
     tp_layer = tensor_parallel(ctx)
+    tp_forward = tensor_parallel_exposed(ctx, tp_layer, lc.gemm_forward_s)
+    tp_backward = tensor_parallel_exposed(ctx, tp_layer, 2.0 * lc.gemm_forward_s)
     cpc = context_parallel(ctx)
-    recompute_layer = recomputation(ctx, tp_layer, cpc)
-    fwd = lc.forward_s + tp_layer + cpc.forward_s
-    bwd = lc.backward_s + tp_layer + cpc.backward_s + recompute_layer
+    recompute_layer = recomputation(ctx, tp_forward, cpc)
+    fwd = lc.forward_s + tp_forward + cpc.forward_s
+    bwd = lc.backward_s + tp_backward + cpc.backward_s + recompute_layer
     e = ctx.moe
     if e is not None:  # experts in place of the dense FFN (full recompute reruns them)
         recompute_layer = recompute_layer + np.where(table.recompute_full, e.forward_s, 0.0)
@@ -491,14 +540,14 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
 
     # Totals per step, for the breakdown.
     m_f, layers = ctx.m_f, ctx.layers_per_stage
-    tp_total = m_f * layers * tp_layer * np.where(table.recompute_full, 3.0, 2.0)
+    tp_total = m_f * layers * (tp_forward * np.where(table.recompute_full, 2.0, 1.0) + tp_backward)
     cp_total = m_f * layers * (cpc.forward_s + cpc.backward_s)
     recompute_total = m_f * layers * recompute_layer
     passes_with_ag = np.where(is_pp, 1.0, m_f) * np.where(table.reshard_after_forward, 2.0, 1.0)
     ag_total = layers * dpc.all_gather_s * passes_with_ag + dpc.root_all_gather_s * np.where(
         is_pp, 1.0, m_f
     )
-    reduce_total = layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s
+    reduce_total = (layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s) * ctx.grad_reduces_per_step
     dp_total = ag_total + reduce_total
     share_ag = np.where(dp_total > 0, ag_total / np.maximum(dp_total, 1e-30), 0.0)
     a2a_total = np.zeros(ctx.n)
@@ -587,13 +636,19 @@ def predict(model: ModelSpec, cluster: ClusterSpec, table: LayoutTable) -> Predi
     )
 
 
-def predict_layout(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> dict[str, Any]:
-    """Predict one layout (rule-checked first): a flat dict with every field and the assumptions."""
+def predict_layout(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, stack: StackSpec | None = None
+) -> dict[str, Any]:
+    """Predict one layout (rule-checked first, then against what the stack offers): a flat dict
+    with every field and the assumptions."""
+    stack = stack or load_stack()
     check(layout, model, cluster)
-    row = predict(model, cluster, LayoutTable.from_layouts([layout])).row(0)
+    stack.check(layout)
+    row = predict(model, cluster, LayoutTable.from_layouts([layout]), stack).row(0)
     return {
         "model": model.name,
         "cluster": cluster.name,
+        "stack": stack.name,
         "gpu": cluster.gpu.name,
         "layout": layout.model_dump(),
         **row,

@@ -231,6 +231,8 @@ def read_attention(text: str) -> tuple[str, str] | None:
 
 # (pattern, catalog GPU): Grace-Blackwell before Blackwell, the HBM2e H100 before the H100.
 _GPU_NAMES: tuple[tuple[str, str], ...] = (
+    (r"\bgb300\b", "GB300"),
+    (r"\bb300\b", "B300"),
     (r"\bgb200\b", "GB200"),
     (r"\bb200\b", "B200"),
     (r"\bh200\b", "H200"),
@@ -239,6 +241,9 @@ _GPU_NAMES: tuple[tuple[str, str], ...] = (
     (r"\ba100\b.*\b40\s?gb\b", "A100-SXM4-40GB"),
     (r"\ba100\b", "A100-SXM4-80GB"),
     (r"\bv100\b", "V100-SXM2"),
+    (r"\bmi300x\b", "MI300X"),
+    (r"\bmi325x\b", "MI325X"),
+    (r"\bmi355x\b", "MI355X"),
 )
 
 
@@ -279,5 +284,24 @@ def read_network(text: str, gpus_per_node: int) -> tuple[int, float, str] | None
 
 def read_dgx(text: str) -> str | None:
     """The DGX/HGX system a text names (its nodes are the catalog cluster of that GPU)."""
-    m = re.search(r"\b(?:DGX|HGX)\s?-?\s?(A100|H100|H200|B200|GB200)\b", text, re.I)
+    m = re.search(r"\b(?:DGX|HGX)\s?-?\s?(A100|H100|H200|B200|GB200|B300|GB300)\b", text, re.I)
     return m.group(1).upper() if m else None
+
+
+# Stacks: the framework a source states, read into a stack profile (config/stack.py). Only what the
+# text names is read; a stack no rule matches is predicted with `generic` (the default).
+_STACKS: tuple[tuple[str, str], ...] = (
+    (r"\btorchtitan\b", "torchtitan"),
+    (r"\bnemo\b|\bmegatron[- ]core\b", "megatron-core-te"),
+    (r"\bmegatron[- ]lm\b.*\b2021\b", "megatron-lm-2021"),
+    (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
+    (r"\bdeepspeed\b", "deepspeed-zero"),
+)
+
+
+def read_stack(text: str) -> str | None:
+    """The stack profile a framework description names, or None when none is named."""
+    for pattern, name in _STACKS:
+        if re.search(pattern, text, re.I):
+            return name
+    return None

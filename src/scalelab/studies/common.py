@@ -11,6 +11,7 @@ from scalelab.config.catalog import load_cluster, load_model
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.io import atomic_write_text
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, describe, search
@@ -46,6 +47,8 @@ class Assumptions:
             f"{self.strong_scaling_global_batch}; TP x PP grid at {self.mp_grid_gpus} GPUs, global batch "
             f"{self.mp_grid_global_batch}",
             "power is GPU board power (as NVML reports it), not CPU, memory or network",
+            f"software stack {STUDY_STACK.name}: {STUDY_STACK.description.strip()}; its layouts "
+            "only (schedules, shardings, TP and PP up to 16)",
         ]
 
 
@@ -55,11 +58,13 @@ WEAK_SCALING_GPUS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 # The predictor's output keys the studies read by name (metrics.py names).
 TOKENS_PER_J = "tokens_per_j"
 
-# Pipeline schedules the study's software could run. PyTorch 2.3.1 has no pipeline schedules in
-# core (torch.distributed.pipelining arrived in 2.4 from PiPPy, which offered GPipe, 1F1B and
-# interleaved 1F1B); ZBV was added in December 2024 (pytorch/pytorch#142084). Every series that
-# stands for the study's TP/PP arm is searched over these only.
-STUDY_SCHEDULES = ["gpipe", "1f1b", "interleaved"]
+# The study's software stack (config/catalog/stacks.yaml `study-pytorch-2.3`): PyTorch 2.3.1 has
+# no pipeline schedules in core (torch.distributed.pipelining arrived in 2.4 from PiPPy, which
+# offered GPipe, 1F1B and interleaved 1F1B); ZBV was added in December 2024
+# (pytorch/pytorch#142084). Every series that stands for the study's arms is searched and predicted
+# with this stack: only what it offers, as it runs it.
+STUDY_STACK = load_stack("study-pytorch-2.3")
+STUDY_SCHEDULES = [str(s) for s in STUDY_STACK.schedules]
 STUDY_SCHEDULES_NOTE = (
     "PyTorch 2.3.1's pipeline schedules (GPipe, 1F1B, interleaved 1F1B); ZBV, added to PyTorch in "
     "December 2024 (pytorch/pytorch#142084), is excluded"
@@ -129,12 +134,15 @@ def fsdp_at(gpus: int, a: Assumptions = DEFAULT, **kw: Any) -> Callable[[str], L
 
 
 def predict_fitting(
-    model: ModelSpec, cluster: ClusterSpec, make: Callable[[str], Layout]
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    make: Callable[[str], Layout],
+    stack: StackSpec = STUDY_STACK,
 ) -> dict[str, Any]:
     """Predict the layout with the least recomputation that fits (the last one if none fits)."""
     result: dict[str, Any] = {}
     for recompute in ("none", "selective", "full"):
-        result = predict_layout(model, cluster, make(recompute))
+        result = predict_layout(model, cluster, make(recompute), stack)
         if result["fits"]:
             return result
     return result
@@ -147,6 +155,7 @@ def best_layout(
     global_batch: int,
     seq_len: int,
     constraints: Constraints | None = None,
+    stack: StackSpec = STUDY_STACK,
 ) -> dict[str, Any] | None:
     result = search(
         model,
@@ -156,6 +165,7 @@ def best_layout(
         seq_len=seq_len,
         constraints=constraints,
         top_k=1,
+        stack=stack,
     )
     return result.top[0] if result.top else None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -21,10 +21,12 @@ from pydantic import ValidationError
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, rule_violations
 from scalelab.config.model import ModelSpec
+from scalelab.config.stack import StackSpec, load_stack
 from scalelab.errors import InputError
 from scalelab.io import read_user_text
 from scalelab.perf.predict import predict
 from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review
+from scalelab.runs.rules import read_stack
 from scalelab.runs.schema import MoERun, Run, is_typed_header, read_runs
 
 TYPED_DATA = "data/published_runs_typed.csv"
@@ -44,6 +46,7 @@ class RunCase:
     model: ModelSpec
     cluster: ClusterSpec
     layout: Layout
+    stack: StackSpec = field(default_factory=load_stack)
 
     @property
     def index(self) -> int:
@@ -134,7 +137,12 @@ def case_from_run(run: Run) -> RunCase | str:
     errors = rule_violations(layout, model, cluster)
     if errors:
         return f"layout not valid for the predictor ({errors[0].field})"
-    return RunCase(run, model, cluster, layout)
+    stack = load_stack(read_stack(run.stack))
+    try:
+        stack.check(layout)
+    except InputError as exc:
+        return f"layout not offered by the stack it names ({exc})"
+    return RunCase(run, model, cluster, layout, stack)
 
 
 def load_cases(
@@ -166,7 +174,7 @@ def predict_cases_full(
         "fits": np.zeros(len(cases), dtype=bool),
         "memory_gib": np.zeros(len(cases)),
     }
-    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     clusters: dict[str, ClusterSpec] = {}
     for i, case in enumerate(cases):
         cluster = case.cluster
@@ -177,10 +185,10 @@ def predict_cases_full(
             )
         key = cluster.model_dump_json()
         clusters[key] = cluster
-        groups[(case.model.model_dump_json(), key)].append(i)
-    for (_, key), idx in groups.items():
+        groups[(case.model.model_dump_json(), key, case.stack.name)].append(i)
+    for (_, key, _), idx in groups.items():
         table = LayoutTable.from_layouts([cases[i].layout for i in idx])
-        prediction = predict(cases[idx[0]].model, clusters[key], table)
+        prediction = predict(cases[idx[0]].model, clusters[key], table, cases[idx[0]].stack)
         out["tokens_per_s_per_gpu"][idx] = prediction["tokens_per_s_per_gpu"]
         out["fits"][idx] = prediction["fits"]
         out["memory_gib"][idx] = prediction["memory_total_bytes"] / 2**30

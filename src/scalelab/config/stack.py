@@ -1,0 +1,206 @@
+"""Software stacks: what the training framework does, apart from the hardware it runs on.
+
+A cluster (config/hardware.py) holds what the hardware is: peaks, bandwidths, latencies, NICs,
+power, and the efficiencies fitted to it. A stack holds what the framework does with it: which
+pipeline schedules and shardings it offers, whether gradients are reduced once per step or on
+every micro-batch, which communications it overlaps with compute, and the framework-side
+parameters (attention kernel efficiency, FP8 recipe speed, per-collective host cost) that differ
+between frameworks on the same GPUs. `--stack` selects one (catalog/stacks.yaml); `generic`, the
+default, changes nothing: the predictor's assumptions as documented in perf/.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scalelab.config.hardware import ClusterParams, ClusterSpec
+from scalelab.config.layout import Layout, LayoutTable
+from scalelab.config.options import PipelineSchedule, Sharding
+from scalelab.errors import InputError
+from scalelab.io import load_user_yaml
+
+# The ClusterParams a stack may set: what the framework, not the hardware, decides.
+STACK_PARAMS: tuple[str, ...] = (
+    "attention_efficiency",
+    "fp8_efficiency_ratio",
+    "collective_overhead_us",
+    "layer_overhead_us",
+    "step_overhead_ms",
+)
+
+
+class StackParams(BaseModel):
+    """Framework-side parameters; None keeps the cluster's value (each set one names its source
+    in `StackSpec.source`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="the framework's attention kernel's achieved fraction of the bf16 peak "
+        "(ClusterParams.attention_efficiency)",
+    )
+    fp8_efficiency_ratio: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="the framework's FP8 recipe: fp8 GEMM efficiency relative to bf16 "
+        "(ClusterParams.fp8_efficiency_ratio)",
+    )
+    collective_overhead_us: float | None = Field(
+        None, ge=0, description="µs of host work per collective the framework issues"
+    )
+    layer_overhead_us: float | None = Field(
+        None, ge=0, description="µs of host and launch overhead per layer per forward"
+    )
+    step_overhead_ms: float | None = Field(
+        None, ge=0, description="ms of fixed per-step work (dataloader, logging, hooks)"
+    )
+
+
+class StackSpec(BaseModel):
+    """One training framework's behaviour (catalog/stacks.yaml or a YAML file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="catalog name or the YAML file's stem")
+    description: str = Field("", description="the framework and version this profile describes")
+    schedules: tuple[PipelineSchedule, ...] = Field(
+        default=tuple(PipelineSchedule),
+        description="pipeline schedules the framework offers (a layout with another is refused)",
+    )
+    shardings: tuple[Sharding, ...] = Field(
+        default=tuple(Sharding),
+        description="data-parallel sharding modes the framework offers",
+    )
+    max_tp: int = Field(
+        2**20, gt=0, description="largest tensor-parallel degree offered (1: no TP)"
+    )
+    max_pp: int = Field(2**20, gt=0, description="largest pipeline degree offered (1: no PP)")
+    max_cp: int = Field(2**20, gt=0, description="largest context-parallel degree offered")
+    microbatch_grad_sync: tuple[Sharding, ...] = Field(
+        default=(),
+        description="shardings whose data-parallel gradients the framework reduces on every "
+        "micro-batch of a step without a pipeline (FSDP2 without set_requires_gradient_sync(False), DeepSpeed "
+        "ZeRO-2/3); the others reduce once, with the last micro-batch (DDP no_sync, Megatron's "
+        "gradient-accumulation fusion)",
+    )
+    tp_comm_overlap: bool = Field(
+        False,
+        description="tensor-parallel AllGather/ReduceScatter overlapped with the adjacent GEMMs "
+        "(Transformer Engine userbuffers, PyTorch async TP): only what the layer's GEMMs cannot "
+        "hide is exposed",
+    )
+    pp_p2p_overlap: bool = Field(
+        False,
+        description="pipeline send/recv overlapped with the next micro-batch's compute in the "
+        "steady state (Megatron's overlap_p2p_comm): only warm-up and cool-down transfers are "
+        "exposed",
+    )
+    params: StackParams = Field(default_factory=StackParams)
+    source: str = Field("", description="where each behaviour and parameter comes from")
+
+    def grad_sync_every_microbatch(self, table: LayoutTable) -> np.ndarray:
+        """Layouts whose gradients this stack reduces on every micro-batch: gradient accumulation
+        without a pipeline. Pipeline schedules reduce once per step in every stack here
+        (torch.distributed.pipelining's stage turns gradient sync off for all but the last
+        micro-batch, `backward_maybe_with_nosync`; DeepSpeed's PipelineEngine reduces after the
+        schedule; Megatron after the last micro-batch)."""
+        codes = [s.code for s in self.microbatch_grad_sync]
+        return np.isin(table.sharding, codes) & (table.pp == 1)
+
+    def cluster_for(self, cluster: ClusterSpec) -> ClusterSpec:
+        """`cluster` with this stack's parameters in place of the cluster's where it sets them."""
+        updates = {k: v for k, v in self.params.model_dump().items() if v is not None}
+        if not updates:
+            return cluster
+        params: ClusterParams = cluster.params.model_copy(update=updates)
+        return cluster.model_copy(update={"params": params})
+
+    # Offered-feature rules over many layouts (search) and one (predict). ---------------------
+    def violation_masks(self, table: LayoutTable) -> dict[str, np.ndarray]:
+        offered_sched = np.isin(table.pp_schedule, [s.code for s in self.schedules])
+        offered_shard = np.isin(table.sharding, [s.code for s in self.shardings])
+        return {
+            f"pipeline schedule not offered by stack {self.name}": (table.pp > 1) & ~offered_sched,
+            f"sharding not offered by stack {self.name}": ~offered_shard,
+            f"tp above what stack {self.name} offers": table.tp > self.max_tp,
+            f"pp above what stack {self.name} offers": table.pp > self.max_pp,
+            f"cp above what stack {self.name} offers": table.cp > self.max_cp,
+        }
+
+    def check(self, layout: Layout) -> None:
+        """Raise one `InputError` for the first option of `layout` this stack does not offer."""
+        if layout.pp > 1 and layout.pp_schedule not in {str(s) for s in self.schedules}:
+            allowed = ", ".join(str(s) for s in self.schedules) or "none"
+            raise InputError(
+                "pp_schedule",
+                f"stack {self.name} offers {allowed}, not {layout.pp_schedule}",
+            )
+        if layout.sharding not in {str(s) for s in self.shardings}:
+            allowed = ", ".join(str(s) for s in self.shardings)
+            raise InputError(
+                "sharding", f"stack {self.name} offers {allowed}, not {layout.sharding}"
+            )
+        for name in ("tp", "pp", "cp"):
+            limit = getattr(self, f"max_{name}")
+            if getattr(layout, name) > limit:
+                raise InputError(
+                    name,
+                    f"stack {self.name} offers {name} up to {limit}, not {getattr(layout, name)}",
+                )
+
+
+@cache
+def _catalog_stack(name: str) -> StackSpec:
+    return StackSpec(**{"name": name, **_catalog()[name]})
+
+
+@cache
+def _catalog() -> dict[str, dict[str, Any]]:
+    text = resources.files("scalelab.config").joinpath("catalog/stacks.yaml").read_text()
+    data: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return data
+
+
+def stack_names() -> list[str]:
+    return list(_catalog())
+
+
+DEFAULT_STACK = "generic"
+
+
+def load_stack(name_or_path: str | None = None) -> StackSpec:
+    """A catalog stack by name (None: `generic`), or a stack described in a YAML file."""
+    name_or_path = name_or_path or DEFAULT_STACK
+    if name_or_path in _catalog():
+        return _catalog_stack(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise InputError("stack", f"no such file: {name_or_path}")
+        loaded = load_user_yaml("stack", path)
+        if not isinstance(loaded, dict):
+            raise InputError("stack", f"{name_or_path} must hold a YAML mapping of fields")
+        data = dict(loaded)
+        data.setdefault("name", path.stem)
+    else:
+        raise InputError(
+            "stack",
+            f"unknown stack '{name_or_path}'; choose one of {', '.join(stack_names())} or a YAML file",
+        )
+    try:
+        return StackSpec(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        raise InputError("stack", f"{name_or_path}: {where}: {err['msg']}") from None
