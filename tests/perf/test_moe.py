@@ -223,3 +223,15 @@ def test_attention_with_its_own_head_width_is_priced_at_its_flops() -> None:
     core = 2.0 * s * s * m.attention_core_width / 2.0
     assert m.attention_core_width == 64 * 256
     assert lc.forward_flops[0] == pytest.approx(gemm + core, rel=1e-12)
+
+
+def test_moe_search_with_a_stack_that_offers_no_fsdp() -> None:
+    """The first stage takes the leanest sharding the stack offers (ZeRO-1 on Megatron-Core)."""
+    from scalelab.config.stack import load_stack
+    from scalelab.search import search
+
+    result = search(
+        QWEN, H100, gpus=16, global_batch=32, seq_len=4096, stack=load_stack("megatron-core-te")
+    )
+    assert result.top
+    assert all(r["layout"]["sharding"] in ("ddp", "zero1") for r in result.top)
