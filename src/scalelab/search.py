@@ -113,8 +113,13 @@ def _divisors(n: int) -> list[int]:
 def _product(*values: Any) -> np.ndarray:
     """`itertools.product` of integer sequences as one int64 array (rows in the same order)."""
     arrays = [np.asarray(list(v), dtype=np.int64) for v in values]
-    index = np.indices([len(a) for a in arrays]).reshape(len(arrays), -1)
-    return np.stack([a[i] for a, i in zip(arrays, index, strict=True)], axis=1)
+    out = np.empty((int(np.prod([len(a) for a in arrays])), len(arrays)), dtype=np.int64)
+    repeat = 1
+    for j in range(len(arrays) - 1, -1, -1):  # the last column varies fastest
+        a = arrays[j]
+        out[:, j] = np.tile(np.repeat(a, repeat), len(out) // (repeat * len(a)) if len(a) else 0)
+        repeat *= len(a)
+    return out
 
 
 def _allowed(values: list[Any], allowed: list[Any] | None) -> list[Any]:
@@ -129,9 +134,11 @@ def enumerate_space(
     seq_len: int,
     constraints: Constraints | None = None,
     only: dict[tuple[int, int, int], set[tuple[int, int]]] | None = None,
+    divisible_only: bool = False,
 ) -> LayoutTable:
     """Every candidate layout (valid or not) as one table; with `only`, only the (tp, pp, cp)
-    it names with their (ep, expert_tp) pairs."""
+    it names with their (ep, expert_tp) pairs; with `divisible_only`, only degrees whose product
+    divides the GPUs (the others are invalid anyway: the MoE search skips them)."""
     c = constraints or Constraints()
     precision = Precision.parse("precision", c.precision)
     attention = AttentionKernel.parse("attention", c.attention)
@@ -178,6 +185,8 @@ def enumerate_space(
         if only is not None and (tp, pp, cp) not in only:
             continue
         mp = tp * pp * cp
+        if divisible_only and gpus % mp:
+            continue
         dp = max(1, gpus // mp)
         options: list[tuple[int, int]] = []
         for s in shardings:
@@ -225,7 +234,7 @@ def enumerate_space(
         opt = np.array(options, dtype=np.int64)[grid[:, 0]]
         sch = np.array(sched, dtype=np.int64)[grid[:, 1]]
         reshard = grid[:, 4].astype(bool)
-        shards_params = np.isin(opt[:, 0], (Sharding.FSDP.code, Sharding.HSDP.code))
+        shards_params = (opt[:, 0] == Sharding.FSDP.code) | (opt[:, 0] == Sharding.HSDP.code)
         keep = shards_params | reshard  # reshard only means something for FSDP/HSDP
         n = int(keep.sum())
         columns["tp"].append(np.full(n, tp))
@@ -426,7 +435,9 @@ def _moe_space(
     one = _evaluate(
         model,
         cluster,
-        enumerate_space(model, cluster, gpus, global_batch, seq_len, _stage_one(c, stack)),
+        enumerate_space(
+            model, cluster, gpus, global_batch, seq_len, _stage_one(c, stack), divisible_only=True
+        ),
         stack,
     )
     if one.pred is None:
@@ -446,7 +457,7 @@ def _moe_space(
     two = _evaluate(
         model,
         cluster,
-        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees),
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees, True),
         stack,
     )
     # Stage one's layouts of the refined combinations are in stage two: drop them there.
