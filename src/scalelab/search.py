@@ -396,11 +396,19 @@ class _Evaluated:
     pred: Prediction | None
 
 
+def _masks(
+    space: LayoutTable, model: ModelSpec, cluster: ClusterSpec, stack: StackSpec
+) -> dict[str, np.ndarray]:
+    """Every reason a layout is invalid: the layout rules, then what the stack does not offer."""
+    return violation_masks(space, model, cluster) | stack.violation_masks(space)
+
+
 def _evaluate(
     model: ModelSpec, cluster: ClusterSpec, space: LayoutTable, stack: StackSpec
 ) -> _Evaluated:
-    masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
-    invalid = np.asarray(np.stack(list(masks.values())).any(axis=0), dtype=bool)
+    invalid = np.asarray(
+        np.stack(list(_masks(space, model, cluster, stack).values())).any(axis=0), dtype=bool
+    )
     valid = space.take(~invalid)
     pred = predict(model, cluster, valid, stack) if len(valid) else None
     return _Evaluated(space, invalid, valid, pred)
@@ -562,12 +570,10 @@ def search(
         space, _, valid, pred, extra = _moe_space(
             model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
         )
-        masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
-        invalid, by_reason = _first_reasons(masks)
+        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
     else:
         space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
-        masks = violation_masks(space, model, cluster) | stack.violation_masks(space)
-        invalid, by_reason = _first_reasons(masks)
+        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
         valid = space.take(~invalid)
         pred = predict(model, cluster, valid, stack) if len(valid) else None
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)

@@ -15,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 WORKER = Path(__file__).with_name("parity_worker.py")
+# The tiny mixture-of-experts model of the MoE tests (and of the README's bench example).
+MOE_TINY = str(ROOT / "examples" / "moe-tiny.yaml")
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -64,6 +66,25 @@ def parity() -> Callable[..., dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def reference() -> dict[str, Any]:
-    """The single-process run (5 steps): the whole global batch of 8 in one micro-batch, fp32."""
-    return parity_results(1, [{"name": "reference", "micro_batch": 8}], 5)["reference"]
+def references() -> dict[str, Any]:
+    """The single-process runs (5 steps) of llama-tiny and moe-tiny, in one process: the whole
+    global batch of 8 in one micro-batch, fp32."""
+    cases = [
+        {"name": "reference", "micro_batch": 8},
+        {"name": "moe_reference", "model": MOE_TINY, "micro_batch": 8},
+    ]
+    return parity_results(1, cases, 5)
+
+
+@pytest.fixture(scope="session")
+def reference(references: dict[str, Any]) -> dict[str, Any]:
+    """llama-tiny's single-process run (`references`)."""
+    result: dict[str, Any] = references["reference"]
+    return result
+
+
+@pytest.fixture(scope="session")
+def moe_reference(references: dict[str, Any]) -> dict[str, Any]:
+    """moe-tiny's single-process run (`references`)."""
+    result: dict[str, Any] = references["moe_reference"]
+    return result

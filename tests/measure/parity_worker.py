@@ -5,8 +5,9 @@ process (the single-process reference). Each case builds its own meshes, model a
 the harness's `Trainer` and runs its timed loop (`run_repeat`), so the losses compared are exactly
 the ones `scalelab bench` records. Rank 0 prints one line, `PARITY {case: {...}}`, with each case's
 losses, the sequence length a rank saw (to prove CP split it) and rank 0's local parameter count
-(to prove the parameters were sharded or split). A case may set `compute_dtype` and
-`grad_sync`; a case with `count_collectives` also profiles one more step and reports rank 0's
+(to prove the parameters were sharded or split), its gradient norms and, for a mixture-of-experts
+model (a case's `model`: a catalog name or YAML file; llama-tiny by default), the measured load
+imbalance. A case may set `compute_dtype` and `grad_sync`; a case with `count_collectives` also profiles one more step and reports rank 0's
 collectives of that step by kind (`collectives`), without the gradient norm's all-reduce.
 """
 
@@ -41,6 +42,8 @@ DEFAULTS = {
     "recompute": "none",
     "precision": "bf16",
     "attention": "flash",
+    "ep": 1,
+    "expert_tp": 1,
 }
 
 
@@ -87,10 +90,10 @@ def main() -> None:
     cases = json.loads(sys.argv[1])
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     info = init_distributed(timeout_s=60)
-    spec = load_model("llama-tiny")
     results: dict[str, dict[str, object]] = {}
     for case in cases:
         name = case.pop("name")
+        spec = load_model(case.pop("model", "llama-tiny"))
         dtype = case.pop("compute_dtype", "fp32")
         grad_sync = case.pop("grad_sync", "step")
         count = case.pop("count_collectives", False)
@@ -99,12 +102,20 @@ def main() -> None:
         )
         layout = build_layout(gpus=info.world_size, **(DEFAULTS | case))
         trainer = Trainer(spec, layout, options, info)
-        losses = run_repeat(trainer, EnergyMeter(None), 0).loss
+        repeat = run_repeat(trainer, EnergyMeter(None), 0)
         results[name] = {
-            "loss": losses,
+            "loss": repeat.loss,
+            "grad_norm": repeat.grad_norm,
+            "expert_load_imbalance": repeat.extra.get("expert_load_imbalance"),
+            "ep_load_imbalance": repeat.extra.get("ep_load_imbalance"),
             "local_seq_len": trainer.local_seq_len,
             "local_numel": sum(_local_numel(p) for p in trainer.params),
         }
+        if trainer.moe_modules:  # experts this rank holds (n_experts / ep) and their hidden width
+            w1 = trainer.moe_modules[0][1].experts.w1
+            results[name]["local_experts"] = list(w1.shape[:2])
+            if info.world_size == 1:  # the routed slots per (step, layer, expert): all of them
+                results[name]["expert_counts"] = [c.tolist() for c in trainer.expert_counts]
         if count:
             results[name]["collectives"] = _count_collectives(trainer, steps)
         del trainer

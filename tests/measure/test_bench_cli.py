@@ -22,6 +22,7 @@ from scalelab.results import load_record, load_records
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--global-batch", "8", "--lr", "3e-3"]
+MOE = str(ROOT / "examples" / "moe-tiny.yaml")
 
 
 def _bench(*args: str) -> list[str]:
@@ -114,6 +115,24 @@ def _only_record(out: Path) -> Path:
         (["llama-tiny", "--steps", "0"], "steps"),
         (["llama-tiny", "--data", "/no/such/tokens.npy"], "data"),
         (["llama-tiny", "--compute-dtype", "fp16"], "compute-dtype"),
+        ([MOE, "--nproc-per-node", "2", "--ep", "2", "--sharding", "ddp"], "sharding"),
+        ([MOE, "--nproc-per-node", "2", "--tp", "2", "--no-sp"], "sp"),
+        (
+            [
+                MOE,
+                "--nproc-per-node",
+                "4",
+                "--ep",
+                "4",
+                "--sharding",
+                "hsdp",
+                "--hsdp-shard-size",
+                "2",
+            ],
+            "ep",
+        ),
+        (["llama-tiny", "--nproc-per-node", "2", "--ep", "2"], "ep"),
+        ([MOE, "--compile"], "compile"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -374,6 +393,42 @@ def test_compiled_blocks_train_like_eager(tmp_path: Path, reference: dict[str, A
         record.measurements["repeats"][0]["warmup_loss"] + record.measurements["repeats"][0]["loss"]
     )
     assert max(abs(a - b) for a, b in zip(losses, reference["loss"][:3], strict=True)) <= 1e-5
+
+
+@pytest.mark.distributed
+def test_moe_expert_parallel_record(tmp_path: Path, moe_reference: dict[str, Any]) -> None:
+    """`scalelab bench` on a MoE model with ep 2 over 2 CPU ranks: an ok record with tokens/s,
+    the active-parameter FLOPs behind MFU, the measured load imbalance, and the single-process
+    run's losses."""
+    from scalelab.config.catalog import load_model
+
+    cmd = [sys.executable, "-m", "scalelab", "bench", MOE, "--nproc-per-node", "2", "--ep", "2"]
+    cmd += [*TINY, "--steps", "2", "--warmup", "1", "--repeats", "1", "--out", str(tmp_path)]
+    done = _run(cmd)
+    if done.returncode != 0 and "terminate called" in done.stderr:  # rare gloo teardown abort
+        done = _run(cmd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = load_record(_only_record(tmp_path))
+    spec = load_model(MOE)
+    assert record.status == "ok" and record.layout is not None and record.layout["ep"] == 2
+    assert record.workload["mesh"]["ep"] == 2 and record.workload["mesh"]["dp_shard_mod_ep"] == 1
+    # MFU's numerator counts active parameters (top-2 of 8 experts + the shared one), not all.
+    assert record.workload["active_params"] == spec.active_params < spec.n_params
+    assert record.workload["model_flops_per_token"] == spec.model_flops_per_token(32)
+    assert record.workload["model_flops_per_token"] < 6 * (spec.n_params - 256 * 64)
+    assert record.summary["tokens_per_s"]["mean"] > 0
+    assert record.summary["mfu"]["mean"] is None and "CPU run" in record.notes["mfu"]
+    assert "active parameters" in record.notes["model_flops_per_token"]
+    imbalance = record.summary["expert_load_imbalance"]["mean"]
+    per_step = record.measurements["repeats"][0]["expert_load_imbalance"]
+    assert len(per_step) == 2 and imbalance == pytest.approx(sum(per_step) / 2)
+    assert per_step == pytest.approx(moe_reference["expert_load_imbalance"][1:3])
+    ep_per_step = record.measurements["repeats"][0]["ep_load_imbalance"]
+    assert len(ep_per_step) == 2 and all(v >= 1.0 for v in ep_per_step)
+    assert record.summary["ep_load_imbalance"]["mean"] == pytest.approx(sum(ep_per_step) / 2)
+    rep = record.measurements["repeats"][0]
+    losses = rep["warmup_loss"] + rep["loss"]
+    assert max(abs(a - b) for a, b in zip(losses, moe_reference["loss"][:3], strict=True)) <= 1e-5
 
 
 @pytest.mark.gpu

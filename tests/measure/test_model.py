@@ -89,3 +89,85 @@ def test_scalelab_imports_without_torch() -> None:
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+# Mixture of experts (measure/moe.py). -------------------------------------------------------
+MOE_TINY = str(Path(__file__).resolve().parents[2] / "examples" / "moe-tiny.yaml")
+
+
+def test_moe_model_matches_its_spec() -> None:
+    """moe-tiny: layer 0 dense, layers 1-3 MoE; every parameter of the spec's count exists."""
+    spec = load_model(MOE_TINY)
+    model = build_model(spec, seq_len=32)
+    assert sum(p.numel() for p in model.parameters()) == spec.n_params
+    blocks = list(model.layers.values())
+    assert [b.moe_enabled for b in blocks] == [spec.is_moe_layer(i) for i in range(4)]
+    assert [b.moe_enabled for b in blocks] == [False, True, True, True]
+    assert tuple(blocks[1].moe.experts.w1.shape) == (8, 64, 64)
+
+
+def _naive_moe(moe: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Token by token: the top-k experts' SwiGLU weighted by the renormalised router scores,
+    plus the shared experts."""
+    from torch.nn import functional
+
+    out = []
+    for token in x.reshape(-1, x.shape[-1]):
+        scores = moe.router.gate(token).float().softmax(-1)
+        top, idx = scores.topk(moe.top_k)
+        top = top / top.sum()
+        y = moe.shared_experts(token)
+        for weight, e in zip(top, idx.tolist(), strict=True):
+            w1, w2, w3 = moe.experts.w1[e], moe.experts.w2[e], moe.experts.w3[e]
+            y = y + weight * (w2 @ (functional.silu(w1 @ token) * (w3 @ token)))
+        out.append(y)
+    return torch.stack(out).reshape(x.shape)
+
+
+def test_moe_layer_routes_like_the_token_by_token_definition() -> None:
+    """Sorting the (token, choice) slots by expert, running each expert on its block and adding
+    the weighted outputs back gives what each token's top-k experts compute one by one."""
+    spec = load_model(MOE_TINY)
+    model = build_model(spec, seq_len=32)
+    materialize(model, spec, seed=0, device=torch.device("cpu"))
+    moe = model.layers["1"].moe
+    x = torch.randn(2, 8, spec.d_model)
+    with torch.no_grad():
+        got, want = moe(x), _naive_moe(moe, x)
+    assert torch.allclose(got, want, atol=1e-6), (got - want).abs().max()
+    # Every token's two choices were counted (the load-imbalance counts).
+    assert float(moe.tokens_per_expert.sum()) == 2 * 8 * spec.experts_per_token
+
+
+def test_sigmoid_router_bias_chooses_but_does_not_weight() -> None:
+    """DeepSeek-V3's selection bias changes which experts are chosen, not their weights."""
+    from scalelab.measure.moe import Router
+
+    spec = load_model(MOE_TINY).model_copy(update={"router": "sigmoid", "router_bias": True})
+    router = Router(spec)
+    torch.nn.init.normal_(router.gate.weight, std=0.1)
+    assert router.expert_bias is not None
+    router.expert_bias.zero_()
+    router.expert_bias[5] = 10.0  # expert 5 always chosen
+    x = torch.randn(16, spec.d_model)
+    top, idx = router(x)
+    assert (idx == 5).any(dim=-1).all()
+    raw = torch.sigmoid(router.gate(x).float()).gather(-1, idx)
+    assert torch.allclose(top, raw / raw.sum(-1, keepdim=True))
+
+
+def test_expert_slices_materialise_to_the_full_models_values() -> None:
+    """An expert-parallel, expert-TP rank's experts are exactly its slice of the one-process
+    model's (init is drawn at the full shape, then sliced)."""
+    spec = load_model(MOE_TINY)
+    full = build_model(spec, seq_len=32)
+    materialize(full, spec, seed=3, device=torch.device("cpu"))
+    part = build_model(spec, seq_len=32)
+    part.layers["2"].moe.shard(ep_rank=1, ep_size=2, tp_rank=1, tp_size=2)
+    materialize(part, spec, seed=3, device=torch.device("cpu"))
+    mine, whole = part.layers["2"].moe, full.layers["2"].moe
+    assert torch.equal(mine.experts.w1, whole.experts.w1[4:, 32:])
+    assert torch.equal(mine.experts.w2, whole.experts.w2[4:, :, 32:])
+    assert torch.equal(mine.shared_experts.w1.weight, whole.shared_experts.w1.weight[32:])
+    assert torch.equal(mine.shared_experts.w2.weight, whole.shared_experts.w2.weight[:, 32:])
+    assert torch.equal(mine.router.gate.weight, whole.router.gate.weight)

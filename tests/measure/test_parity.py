@@ -7,6 +7,15 @@ observed differences are about 1e-6, reduction-order noise). bf16 (FSDP mixed pr
 reduction) is compared with a looser 5e-3 (observed about 5e-4).
 
 All cases of one world size run in one torchrun launch, which is where most of the time goes.
+
+Mixture of experts (moe-tiny: examples/moe-tiny.yaml, 4 layers, the first dense, 8 experts, top-2,
+one shared expert) runs in the same launches and is compared with its own single-process run:
+EP x FSDP and EP borrowing the TP ranks (no FSDP) at 2 ranks; EP with the experts FSDP-sharded
+over the ranks that hold the same experts, and EP x expert-TP x FSDP at 4 ranks. Observed loss
+differences are about 1e-6. Checked by hand the same way (not run here, to keep the suite short):
+ep 4, ep 4 x tp 2 (expert_tp 1), ep 2 under HSDP 2x2, pp 2 x ep 2, cp 2 x ep 2, ep 2 with full
+recompute, ZeRO-2 with per-micro-batch reduction, expert_tp 2 without EP, tp 2 with ep 1, DDP
+with ep 1, and bf16 (within 1e-3).
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from tests.measure.conftest import MOE_TINY
 
 pytestmark = pytest.mark.distributed
 
@@ -104,14 +115,34 @@ EXPECTED_COLLECTIVES: dict[str, dict[str, int]] = {
 }
 
 
+MOE_TOTAL = 440_384  # ModelSpec of moe-tiny: n_params
+# (name, layout, experts a rank holds, their hidden width (64, halved by expert TP)).
+MOE_WORLD2: list[dict[str, Any]] = [
+    {"name": "moe_ep2_fsdp2", "ep": 2, "local_experts": [4, 64]},  # EP x FSDP
+    {"name": "moe_ep2_tp2", "tp": 2, "ep": 2, "local_experts": [4, 64]},  # EP borrows TP
+]
+MOE_WORLD4: list[dict[str, Any]] = [
+    # dp 4, ep 2: each expert on 2 ranks, FSDP-sharded over them (dp_shard_mod_ep 2).
+    {"name": "moe_ep2_fsdp4", "ep": 2, "local_experts": [4, 64]},
+    # dp 2 x tp 2, ep 2 over dp, each expert split over TP like the dense MLP.
+    {"name": "moe_ep2_etp2_tp2", "tp": 2, "ep": 2, "expert_tp": 2, "local_experts": [4, 32]},
+]
+
+
+def _moe_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in c.items() if k != "local_experts"} | {"model": MOE_TINY} for c in cases
+    ]
+
+
 @pytest.fixture(scope="module")
 def world2(parity: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    return parity(2, [dict(c) for c in WORLD2])
+    return parity(2, [dict(c) for c in WORLD2] + _moe_cases(MOE_WORLD2))
 
 
 @pytest.fixture(scope="module")
 def world4(parity: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    return parity(4, [dict(c) for c in WORLD4], WORLD4_STEPS)
+    return parity(4, [dict(c) for c in WORLD4] + _moe_cases(MOE_WORLD4), WORLD4_STEPS)
 
 
 def _check(result: dict[str, Any], reference: dict[str, Any], atol: float, steps: int = 3) -> None:
@@ -214,3 +245,108 @@ def test_zbv_with_context_parallelism_is_refused() -> None:
     with pytest.raises(InputError) as info:
         check_layout(layout, load_model("llama-tiny"))
     assert info.value.field == "pp_schedule"
+
+
+@pytest.mark.parametrize("case", [c["name"] for c in MOE_WORLD2 + MOE_WORLD4])
+def test_moe_matches_single_process(
+    case: str, world2: dict[str, Any], world4: dict[str, Any], moe_reference: dict[str, Any]
+) -> None:
+    """Expert parallelism (AllToAll dispatch and combine) trains exactly like one process: the
+    same losses and gradient norms (the experts' gradients summed over the EP group and scaled
+    for the ranks that hold the same experts), the same measured load imbalance (counts summed
+    over ranks), and each rank holds only its experts."""
+    wanted = next(c for c in MOE_WORLD2 + MOE_WORLD4 if c["name"] == case)
+    in_world2 = any(c["name"] == case for c in MOE_WORLD2)
+    result = world2[case] if in_world2 else world4[case]
+    steps = 3 if in_world2 else WORLD4_STEPS
+    _check(result, moe_reference, FP32_ATOL, steps)
+    norms, expected = result["grad_norm"], moe_reference["grad_norm"][:steps]
+    assert norms == pytest.approx(expected, rel=1e-5), (norms, expected)
+    imbalance = result["expert_load_imbalance"]
+    assert imbalance == pytest.approx(moe_reference["expert_load_imbalance"][:steps])
+    assert all(v >= 1.0 for v in imbalance)
+    assert result["local_experts"] == wanted["local_experts"]
+    assert result["local_numel"] < 0.55 * MOE_TOTAL
+    # The EP ranks' load imbalance: where one EP group sees the whole global batch (all but
+    # moe_ep2_fsdp4, whose two EP groups see half each), it is the single-process run's counts
+    # split into the EP ranks' halves of the experts.
+    ep_imbalance = result["ep_load_imbalance"]
+    assert len(ep_imbalance) == steps and all(v >= 1.0 for v in ep_imbalance)
+    if case != "moe_ep2_fsdp4":
+        expected_ep = _ep_imbalance(moe_reference["expert_counts"][:steps], 2)
+        assert ep_imbalance == pytest.approx(expected_ep), (ep_imbalance, expected_ep)
+
+
+def _ep_imbalance(counts: list[list[list[float]]], ep: int) -> list[float]:
+    """Per step, the MoE layers' mean of max / mean over EP ranks of the routed slots of each
+    rank's contiguous block of experts (counts: step x layer x expert, 0 for dense layers)."""
+    out = []
+    for step in counts:
+        ratios = []
+        for layer in step:
+            if sum(layer):
+                block = len(layer) // ep
+                loads = [sum(layer[r * block : (r + 1) * block]) for r in range(ep)]
+                ratios.append(max(loads) / (sum(loads) / ep))
+        out.append(sum(ratios) / len(ratios))
+    return out
+
+
+def test_moe_reference_holds_the_whole_model(moe_reference: dict[str, Any]) -> None:
+    assert moe_reference["local_numel"] == MOE_TOTAL
+    assert moe_reference["local_experts"] == [8, 64]
+    assert moe_reference["ep_load_imbalance"] == [1.0] * WORLD4_STEPS  # no EP: one rank
+    # The definition of expert_load_imbalance, from the routed slots per expert.
+    by_expert = []
+    for step in moe_reference["expert_counts"]:
+        ratios = [max(layer) / (sum(layer) / len(layer)) for layer in step if sum(layer)]
+        by_expert.append(sum(ratios) / len(ratios))
+    assert moe_reference["expert_load_imbalance"] == pytest.approx(by_expert)
+    assert max(by_expert) > 1.1  # the tiny router is unbalanced: the metric sees it
+
+
+@pytest.mark.parametrize(
+    ("layout", "field"),
+    [
+        ({"gpus": 2, "ep": 2, "sharding": "ddp"}, "sharding"),
+        ({"gpus": 2, "ep": 2, "sharding": "zero1"}, "sharding"),
+        ({"gpus": 2, "tp": 2, "sequence_parallel": False}, "sp"),
+        # EP takes cp x tp whole (expert_tp 1): ep 2 cannot span cp 2 x tp 2.
+        ({"gpus": 8, "tp": 2, "cp": 2, "ep": 2}, "ep"),
+        # HSDP replicating over 2 groups of 1: experts would be averaged across different experts.
+        ({"gpus": 2, "ep": 2, "sharding": "hsdp", "hsdp_shard_size": 1}, "ep"),
+        # EP inside the shard group only: ep 4 > dp_shard 2 of HSDP 2 x 2.
+        ({"gpus": 4, "ep": 4, "sharding": "hsdp", "hsdp_shard_size": 2}, "ep"),
+    ],
+)
+def test_moe_layouts_the_harness_cannot_build_are_refused(
+    layout: dict[str, Any], field: str
+) -> None:
+    """Expert-parallel layouts the layout rules accept but torchtitan's mesh (and so the harness)
+    cannot build: one line naming the field, before anything runs."""
+    from scalelab.config.catalog import load_model
+    from scalelab.config.layout import Layout
+    from scalelab.errors import InputError
+    from scalelab.measure.config import check_layout
+
+    spec = load_model(MOE_TINY)
+    with pytest.raises(InputError) as info:
+        check_layout(Layout(seq_len=32, global_batch=8, **layout), spec, gpus_per_node=8)
+    assert info.value.field == field
+    assert "\n" not in str(info.value)
+
+
+def test_moe_layouts_the_harness_builds_are_accepted() -> None:
+    from scalelab.config.catalog import load_model
+    from scalelab.config.layout import Layout
+    from scalelab.measure.config import check_layout
+
+    spec = load_model(MOE_TINY)
+    for layout in (
+        {"gpus": 4, "ep": 4},
+        {"gpus": 4, "tp": 2, "ep": 4},
+        {"gpus": 4, "tp": 2, "ep": 2, "expert_tp": 2},
+        {"gpus": 4, "ep": 2, "sharding": "hsdp", "hsdp_shard_size": 2},
+        {"gpus": 8, "tp": 2, "cp": 2, "ep": 4},
+    ):
+        check_layout(Layout(seq_len=32, global_batch=8, **layout), spec, gpus_per_node=8)

@@ -180,8 +180,8 @@ def bench(
     reference = cluster_spec or load_cluster("h100-ib")
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
     check(built, spec, local)
-    check_layout(built, spec)
-    check_layout_options(options, built)
+    check_layout(built, spec, per_node)
+    check_layout_options(options, built, spec)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None

@@ -58,7 +58,8 @@ def stacks(json_out: JsonOpt = False) -> None:
 def models(json_out: JsonOpt = False) -> None:
     """List the model catalog: shapes, exact parameter counts (total and active) and sources.
 
-    Mixture-of-experts models are listed; predict, search and bench refuse them for now."""
+    Mixture-of-experts models are listed with their active parameters; predict, search and bench
+    take them with expert parallelism (`--ep`, `--expert-tp`)."""
     specs = [load_model(name) for name in model_names()]
     if json_out:
         print_json(
@@ -101,8 +102,8 @@ def models(json_out: JsonOpt = False) -> None:
         )
     console.print(table)
     console.print(
-        "experts: top-k / routed + shared. MoE models: predict, search and bench refuse them "
-        "until expert parallelism is modelled and measured."
+        "experts: top-k / routed + shared. MoE models take --ep and --expert-tp in predict, "
+        "search and bench (bench refuses multi-head latent attention and QK norm)."
     )
 
 

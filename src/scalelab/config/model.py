@@ -8,7 +8,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalelab.config.options import Recompute
-from scalelab.errors import InputError
 
 ArrayLike = int | float | np.ndarray
 
@@ -226,15 +225,6 @@ class ModelSpec(BaseModel):
             for k, v in self.model_dump(exclude={"source"}).items()
             if k not in later or v != ModelSpec.model_fields[k].default
         }
-
-    def require_dense(self, what: str) -> None:
-        """Refuse a MoE model where only dense training is modelled (issue 16)."""
-        if self.is_moe:
-            raise InputError(
-                "model",
-                f"{self.name} is a mixture-of-experts model ({self.n_experts} experts, "
-                f"top-{self.experts_per_token}): MoE training is not {what} yet",
-            )
 
     @property
     def head_dim(self) -> int:

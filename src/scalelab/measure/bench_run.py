@@ -96,6 +96,15 @@ def measure_bench(job: BenchJob, info: Any, identity: RunIdentity) -> Record:
         "cp": trainer.dims.cp,
         "tp": trainer.dims.tp,
     }
+    if job.model.is_moe:
+        dims = trainer.dims
+        record.workload["mesh"] |= {"ep": dims.ep, "expert_tp": dims.etp}
+        if dims.ep > 1:
+            record.workload["mesh"]["dp_shard_mod_ep"] = dims.dp_shard_mod_ep
+        record.notes["model_flops_per_token"] = (
+            "mixture of experts: 6 x active parameters (top-k routed and shared experts, router; "
+            "no input embedding) + the attention term, so MFU and HFU count active parameters"
+        )
     record.environment = environment(facts, info.backend, info.world_size)
     if meter.driver_version:
         record.environment["nvidia_driver"] = meter.driver_version

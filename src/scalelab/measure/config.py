@@ -61,8 +61,17 @@ def under_torchrun() -> bool:
 
 
 def check_model(model: ModelSpec) -> None:
-    """The harness builds Llama-style decoders only; say which field rules a model out."""
-    model.require_dense("measured by the harness")  # expert parallelism: issue 16
+    """The harness builds Llama-style decoders (dense, or with mixture-of-experts layers:
+    measure/moe.py) only; say which field rules a model out."""
+    if model.attention != "gqa":
+        raise InputError(
+            "model",
+            f"bench builds grouped-query attention; {model.name} has attention {model.attention}",
+        )
+    if model.qk_norm:
+        raise InputError(
+            "model", f"bench builds attention without QK norm; {model.name} has qk_norm true"
+        )
     unsupported = {
         "ffn": (model.ffn, "swiglu"),
         "norm": (model.norm, "rmsnorm"),
@@ -78,8 +87,78 @@ def check_model(model: ModelSpec) -> None:
             )
 
 
-def check_layout(layout: Layout, model: ModelSpec) -> None:
+def check_moe_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None) -> None:
+    """Expert-parallel layouts the harness cannot build (torchtitan's mesh rules), each with its
+    reason. `gpus_per_node` sets HSDP's default shard group; unknown, that case is checked by
+    the trainer."""
+    if not model.is_moe:
+        return
+    if layout.tp > 1 and not layout.sequence_parallel:
+        raise InputError(
+            "sp",
+            "MoE layers under TP run on each rank's sequence shard: use sequence parallelism "
+            "(--sp) with tp > 1",
+        )
+    if layout.ep == 1:
+        return
+    if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
+        raise InputError(
+            "sharding",
+            f"ep > 1 with {layout.sharding} is not supported by bench (the experts' gradients "
+            "need their own reduction group); use fsdp, zero2 or hsdp",
+        )
+    if layout.sharding == Sharding.HSDP and layout.hsdp_shard_size is None and not gpus_per_node:
+        return
+    replicate, shard = data_parallel_degrees(layout, gpus_per_node or layout.gpus)
+    problem = ep_problem(replicate, shard, layout.cp, layout.tp, layout.ep, layout.expert_tp)
+    if problem:
+        raise InputError("ep", problem)
+
+
+def data_parallel_degrees(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) of the harness's mesh: DDP and ZeRO-1 replicate over dp, FSDP
+    and ZeRO-2 shard over dp, HSDP shards over `hsdp_shard_size` ranks (default: a node's ranks
+    not taken by TP and CP) and replicates over the rest."""
+    dp = layout.dp
+    if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
+        return dp, 1
+    if layout.sharding == Sharding.HSDP:
+        shard = layout.dp_shard_on(gpus_per_node)
+        return dp // shard, shard
+    return 1, dp
+
+
+def ep_problem(dp_replicate: int, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> str | None:
+    """Why an expert-parallel mesh cannot be built as torchtitan builds it
+    (ParallelDims._build_mesh_with_ep), or None. EP takes cp whole (and tp whole when
+    expert_tp is 1), then dp_shard_in_ep = ep / (cp [x tp]) ranks of the FSDP shard group; the
+    rest of that group (dp_shard_mod_ep) holds the same experts."""
+    if ep == 1:
+        return None
+    if dp_replicate > 1 and dp_shard == 1:
+        return (
+            f"ep ({ep}) with replicated data parallelism (ddp, zero1, or hsdp sharding over 1 "
+            "rank): the experts' gradients would be averaged over ranks holding different "
+            "experts; use fsdp, zero2, or hsdp with a shard group"
+        )
+    inner = cp * (tp if etp == 1 else 1)
+    extra = f" x tp ({tp})" if etp == 1 else ""
+    if ep % inner:
+        return (
+            f"ep ({ep}) must be a multiple of cp ({cp}){extra}: EP takes those ranks whole and "
+            "then part of the FSDP shard group (torchtitan's rule)"
+        )
+    if dp_shard % (ep // inner):
+        return (
+            f"ep ({ep}) must divide the FSDP shard group ({dp_shard}) x cp ({cp}){extra}: EP "
+            "borrows those ranks (torchtitan's rule)"
+        )
+    return None
+
+
+def check_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None) -> None:
     """Layouts the predictor accepts but this harness cannot run, each with its reason."""
+    check_moe_layout(layout, model, gpus_per_node)
     if layout.precision == Precision.FP8:
         raise InputError(
             "precision", "bench trains in bf16 (fp8 linears need torchao); use --precision bf16"
@@ -130,10 +209,21 @@ def check_layout(layout: Layout, model: ModelSpec) -> None:
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
 
 
-def check_layout_options(options: BenchOptions, layout: Layout) -> None:
-    """Options that a layout rules out. Per-micro-batch reduction is a choice for flat layouts
-    only (torch.distributed.pipelining reduces a stage's gradients once per step whatever is
-    asked); PyTorch's ZBV schedule refuses compiled stage modules (measured, torch 2.13)."""
+def check_layout_options(
+    options: BenchOptions, layout: Layout, model: ModelSpec | None = None
+) -> None:
+    """Options that a layout (or model) rules out. Per-micro-batch reduction is a choice for flat
+    layouts only (torch.distributed.pipelining reduces a stage's gradients once per step whatever
+    is asked); PyTorch's ZBV schedule refuses compiled stage modules (measured, torch 2.13); a
+    compiled MoE block recompiles whenever the per-expert token counts change (measured: a
+    one-process moe-tiny run was still compiling after 6 minutes), so MoE runs eager."""
+    if options.compile and model is not None and model.is_moe:
+        raise InputError(
+            "compile",
+            f"--compile with a mixture-of-experts model ({model.name}): the per-expert token "
+            "counts change every step and torch.compile recompiles the block each time; "
+            "use --no-compile",
+        )
     if options.compile and layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV:
         raise InputError(
             "compile",

@@ -120,18 +120,26 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm decoder block."""
+    """Pre-norm decoder block: a dense FFN (`feed_forward`), or where `spec.is_moe_layer(layer)`
+    a mixture of experts (`moe`, measure/moe.py)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer: int = 0) -> None:
         super().__init__()
+        from scalelab.measure.moe import MoE
+
         self.attention_norm = RMSNorm(spec.d_model)
         self.attention = Attention(spec)
         self.ffn_norm = RMSNorm(spec.d_model)
-        self.feed_forward = FeedForward(spec)
+        self.moe_enabled = spec.is_moe_layer(layer)
+        if self.moe_enabled:  # torchtitan's name for the MoE FFN
+            self.moe = MoE(spec)
+        else:
+            self.feed_forward = FeedForward(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        ffn = self.moe if self.moe_enabled else self.feed_forward
+        return h + ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -149,7 +157,9 @@ class Transformer(nn.Module):
         self.spec = spec
         self.seq_len = seq_len
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(spec, i) for i in range(spec.n_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(spec.d_model)
         self.output: nn.Linear | None = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         cos, sin = rope_tables(seq_len, spec.head_dim)
@@ -186,7 +196,9 @@ def _init_std(name: str, spec: ModelSpec) -> float | None:
     """Standard deviation of a parameter's normal init; None for norm weights (ones)."""
     if name.endswith("norm.weight"):
         return None
-    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+    if name.endswith(("attention.wo.weight", "feed_forward.w2.weight", "moe.experts.w2")):
+        return 0.02 / math.sqrt(2.0 * spec.n_layers)
+    if name.endswith("moe.shared_experts.w2.weight"):
         return 0.02 / math.sqrt(2.0 * spec.n_layers)
     return 0.02
 
@@ -208,20 +220,34 @@ def materialize(model: nn.Module, spec: ModelSpec, seed: int, device: torch.devi
     """Allocate a (possibly sharded, meta) model on `device` and initialise it deterministically.
 
     Each parameter's full value is drawn on the device, one parameter at a time, and only the
-    local shard is kept (for a DTensor, the same slicing `distribute_tensor` does).
+    local shard is kept (for a DTensor, the same slicing `distribute_tensor` does). A parameter
+    that holds a slice of the model's (experts split by expert parallelism or expert TP,
+    `moe.MoE.shard`) is drawn at its full shape and sliced first.
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    from scalelab.measure.moe import MoE, slice_value
+
     model.to_empty(device=device)
+    sliced: dict[int, tuple[torch.Size, list[tuple[int, int, int]]]] = {}
+    for module in model.modules():
+        for pname, (shape, slices) in getattr(module, "scalelab_slices", {}).items():
+            sliced[id(getattr(module, pname))] = (shape, slices)
     for fqn, param in model.named_parameters():
         name = canonical_name(fqn)
+        shape, slices = sliced.get(id(param), (param.shape, []))
+        full = slice_value(init_value(name, shape, spec, seed, device), slices)
         if isinstance(param, DTensor):
-            full = init_value(name, param.shape, spec, seed, device)
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.to_local().copy_(local.to_local())
         else:
-            param.copy_(init_value(name, param.shape, spec, seed, device))
+            param.copy_(full)
     for module in model.modules():
+        if isinstance(module, MoE):
+            module.tokens_per_expert.zero_()
+            module.experts.rows_computed.zero_()
+            if module.router.expert_bias is not None:
+                module.router.expert_bias.zero_()
         if isinstance(module, Transformer):
             cos, sin = rope_tables(module.seq_len, module.spec.head_dim)
             module.rope_cos.copy_(cos.to(device))

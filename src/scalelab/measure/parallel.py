@@ -3,7 +3,10 @@
 The order is fixed, as in torchtitan's `parallelize_llama`:
 
 1. pipeline split (`pipeline_modules`): each rank keeps the layers of its stage(s);
-2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism;
+2. tensor parallelism (`apply_tp`) with sequence parallelism and loss parallelism; then, for a
+   mixture-of-experts model, expert parallelism and expert TP (`apply_moe`, measure/moe.py:
+   each rank keeps its experts, tokens move by AllToAll over the EP mesh, which borrows
+   dp_shard x cp, and tp when expert_tp is 1, as torchtitan's `_build_mesh_with_ep` does);
 3. activation checkpointing (`apply_ac`): none, selective (recompute the attention core,
    scaled_dot_product_attention, and keep every other activation: Korthikanti et al. 2022, the
    recompute the predictor costs and counts in HFU) or full (recompute each block);
@@ -13,11 +16,14 @@ The order is fixed, as in torchtitan's `parallelize_llama`:
    DDP broadcasts real parameters). The layout's ZeRO stages map onto these: `zero2` is FSDP2
    without resharding after forward (gradients and optimizer state sharded, parameters stay
    gathered from forward to the end of backward, like FSDP1's SHARD_GRAD_OP), `zero1` is DDP with
-   `ZeroRedundancyOptimizer` (optimizer state sharded).
+   `ZeroRedundancyOptimizer` (optimizer state sharded). Under EP each MoE layer's routed experts
+   are their own FSDP unit on the ranks that hold the same experts (`Meshes.expert_fsdp`,
+   dp_shard_mod_ep); everything else is sharded over dp x cp as for a dense model.
 
 Context parallelism is applied per step around forward and backward (`cp_context`). Gradient
 clipping (`clip_grad_norm_`) works when parameters live on different meshes (plain tensors, TP
-DTensors, FSDP×TP DTensors, and pipeline stages).
+DTensors, FSDP×TP DTensors, and pipeline stages) and when expert weights are plain slices of the
+model's (their squared norms summed over the EP and expert-TP groups).
 """
 
 from __future__ import annotations
@@ -34,31 +40,30 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.options import PipelineSchedule, Recompute, Sharding
+from scalelab.config.options import PipelineSchedule, Recompute
+from scalelab.measure.config import data_parallel_degrees, ep_problem
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Degrees of the five mesh dimensions; they multiply to the world size."""
+    """Degrees of the five mesh dimensions (they multiply to the world size), and the expert
+    parallelism that borrows some of them (`ep`, `etp`: Layout.ep and Layout.expert_tp)."""
 
     pp: int
     dp_replicate: int
     dp_shard: int
     cp: int
     tp: int
+    ep: int = 1
+    etp: int = 1
 
     @classmethod
     def from_layout(cls, layout: Layout, gpus_per_node: int) -> ParallelDims:
         """HSDP shards over `hsdp_shard_size` ranks (default: a node's ranks not taken by TP and CP)."""
-        dp = layout.dp
-        if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
-            return cls(layout.pp, dp, 1, layout.cp, layout.tp)
-        if layout.sharding == Sharding.HSDP:
-            shard = layout.dp_shard_on(gpus_per_node)
-            return cls(layout.pp, dp // shard, shard, layout.cp, layout.tp)
-        return cls(layout.pp, 1, dp, layout.cp, layout.tp)
+        replicate, shard = data_parallel_degrees(layout, gpus_per_node)
+        return cls(layout.pp, replicate, shard, layout.cp, layout.tp, layout.ep, layout.expert_tp)
 
     @property
     def world_size(self) -> int:
@@ -76,6 +81,26 @@ class ParallelDims:
     def shape(self) -> tuple[int, ...]:
         return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
 
+    # Expert parallelism (torchtitan's ParallelDims._build_mesh_with_ep). ---------------------
+    @property
+    def ep_inner(self) -> int:
+        """The ranks EP always takes whole: cp, and tp when the experts are not split by TP."""
+        return self.cp * (self.tp if self.etp == 1 else 1)
+
+    @property
+    def dp_shard_in_ep(self) -> int:
+        """The dp_shard ranks inside one EP group (ep = dp_shard_in_ep x cp [x tp])."""
+        return max(1, self.ep // self.ep_inner)
+
+    @property
+    def dp_shard_mod_ep(self) -> int:
+        """The dp_shard ranks that hold the same experts (their FSDP group)."""
+        return self.dp_shard // self.dp_shard_in_ep
+
+    def ep_problem(self) -> str | None:
+        """Why this EP layout cannot be built as torchtitan builds it, or None."""
+        return ep_problem(self.dp_replicate, self.dp_shard, self.cp, self.tp, self.ep, self.etp)
+
 
 @dataclass
 class Meshes:
@@ -83,7 +108,9 @@ class Meshes:
 
     `dp` (dp_replicate×dp_shard): ranks that see different data. `fsdp`: FSDP's mesh, 1-D over
     dp_shard×cp, or 2-D (dp_replicate, dp_shard×cp) for HSDP. `dp_cp`: all data and context
-    shards (DDP's group).
+    shards (DDP's group). With expert parallelism, `ep`: the EP group (dp_shard_in_ep × cp, × tp
+    when expert_tp is 1), and `expert_fsdp`: the ranks that hold the same experts (FSDP's mesh
+    for them: dp_shard_mod_ep, 2-D with dp_replicate for HSDP).
     """
 
     world: DeviceMesh
@@ -91,24 +118,48 @@ class Meshes:
     dp: DeviceMesh
     fsdp: DeviceMesh
     dp_cp: DeviceMesh
+    ep: DeviceMesh | None = None
+    expert_fsdp: DeviceMesh | None = None
 
     def __getitem__(self, name: str) -> DeviceMesh:
         return self.world[name]
 
 
 def build_meshes(dims: ParallelDims, device_type: str) -> Meshes:
-    """One mesh with all five dimensions (size 1 where unused) plus the flattened views."""
-    world = init_device_mesh(device_type, dims.shape(), mesh_dim_names=MESH_DIMS)
-    dp = world["dp_replicate", "dp_shard"]._flatten("dp")
-    dp_shard_cp = world["dp_shard", "cp"]._flatten("dp_shard_cp")
-    dp_cp = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    """One mesh with all five dimensions (size 1 where unused) plus the flattened views. With
+    expert parallelism dp_shard is split into (dp_shard_mod_ep, dp_shard_in_ep), as torchtitan
+    does, and the EP and expert-FSDP meshes are views of the same world mesh."""
+    if dims.ep > 1:
+        problem = dims.ep_problem()
+        if problem:
+            raise ValueError(problem)
+        shape = (
+            dims.pp, dims.dp_replicate, dims.dp_shard_mod_ep, dims.dp_shard_in_ep, dims.cp, dims.tp
+        )  # fmt: skip
+        names = ("pp", "dp_replicate", "dp_shard_mod_ep", "dp_shard_in_ep", "cp", "tp")
+        world = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        shard: tuple[str, ...] = ("dp_shard_mod_ep", "dp_shard_in_ep")
+    else:
+        world = init_device_mesh(device_type, dims.shape(), mesh_dim_names=MESH_DIMS)
+        shard = ("dp_shard",)
+    dp = world[("dp_replicate", *shard)]._flatten("dp")
+    dp_shard_cp = world[(*shard, "cp")]._flatten("dp_shard_cp")
+    dp_cp = world[("dp_replicate", *shard, "cp")]._flatten("dp_cp")
     if dims.dp_replicate > 1:
         fsdp = dp_cp._unflatten(
             0, (dims.dp_replicate, dims.fsdp_degree), ("dp_replicate", "dp_shard_cp")
         )
     else:
         fsdp = dp_shard_cp
-    return Meshes(world, dims, dp, fsdp, dp_cp)
+    meshes = Meshes(world, dims, dp, fsdp, dp_cp)
+    if dims.ep > 1:
+        ep_dims = ("dp_shard_in_ep", "cp", "tp") if dims.etp == 1 else ("dp_shard_in_ep", "cp")
+        meshes.ep = world[ep_dims]._flatten("ep")
+        if dims.dp_replicate > 1:
+            meshes.expert_fsdp = world["dp_replicate", "dp_shard_mod_ep"]
+        else:
+            meshes.expert_fsdp = world["dp_shard_mod_ep"]
+    return meshes
 
 
 # 1. Pipeline split -------------------------------------------------------------------------------
@@ -211,15 +262,21 @@ def apply_tp(
     if plan:
         parallelize_module(m, tp_mesh, plan)
     for block in m.layers.values():
+        moe = getattr(block, "moe_enabled", False)
+        if moe and not sequence_parallel:
+            raise ValueError("MoE layers under TP need sequence parallelism")
         layer_plan: dict[str, Any] = {
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=seq_layout),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=seq_layout),
-            "feed_forward.w3": ColwiseParallel(),
         }
+        if not moe:
+            layer_plan |= {
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=seq_layout),
+                "feed_forward.w3": ColwiseParallel(),
+            }
         if sequence_parallel:
             layer_plan |= {
                 "attention_norm": SequenceParallel(),
@@ -228,11 +285,62 @@ def apply_tp(
                     desired_input_layouts=(Replicate(), None, None),
                 ),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                ),
             }
+            if moe:  # the MoE layer takes this rank's sequence shard as a plain tensor
+                layer_plan["moe"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Shard(1),),
+                    use_local_output=True,
+                )
+            else:
+                layer_plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
         parallelize_module(block, tp_mesh, layer_plan)
+
+
+# 2b. Expert parallelism --------------------------------------------------------------------------
+
+
+def moe_layers(model: nn.Module) -> list[tuple[int, Any]]:
+    """(global layer index, MoE module) of each MoE layer of a model or stage."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from scalelab.measure.moe import MoE
+
+    inner: Any = model.module if isinstance(model, DistributedDataParallel) else model
+    layers: Any = inner.layers
+    return [
+        (int(key), sub)
+        for key, block in layers.items()
+        for sub in block.modules()
+        if isinstance(sub, MoE)
+    ]
+
+
+def apply_moe(model: nn.Module, meshes: Meshes, expert_grad_reducers: int) -> None:
+    """Expert parallelism and TP inside each MoE layer (after `apply_tp`, as torchtitan's
+    apply_moe_ep_tp): this rank's slice of the experts (EP over `meshes.ep`; with expert_tp = tp
+    also the TP slices), the groups the layer's collectives use, and the experts' gradient scale.
+
+    Under EP an expert's gradient arrives (through the combine AllToAll's backward) summed over
+    the EP group's tokens, each from its own rank's mean loss; FSDP then averages it over the
+    `expert_grad_reducers` ranks that hold the same experts. The data-parallel gradient is the
+    average over all dp x cp ranks, so the experts' gradients are scaled by
+    expert_grad_reducers / (dp x cp) (torchtitan sets FSDP's gradient divide factor to dp x cp)."""
+    dims = meshes.dims
+    tp_group = meshes["tp"].get_group() if dims.tp > 1 else None
+    ep_rank = meshes.ep.get_local_rank() if meshes.ep is not None else 0
+    tp_rank = meshes["tp"].get_local_rank() if dims.tp > 1 else 0
+    split_tp = dims.etp if dims.etp > 1 else 1
+    for _, moe in moe_layers(model):
+        moe.shard(ep_rank, dims.ep, tp_rank, split_tp)
+        moe.tp_group = tp_group
+        moe.tp_gather = split_tp > 1
+        moe.experts_tp_partial = dims.tp > 1 and dims.etp == 1 and dims.ep == 1
+        if meshes.ep is not None:
+            moe.experts.ep_group = meshes.ep.get_group()
+            moe.experts.grad_scale = expert_grad_reducers / (dims.dp * dims.cp)
 
 
 # 3. Activation checkpointing ---------------------------------------------------------------------
@@ -277,8 +385,10 @@ def apply_fsdp(
     mesh: DeviceMesh,
     param_dtype: torch.dtype | None,
     reshard_after_forward: bool,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
-    """FSDP2 per block and on the root; bf16 parameters reduce gradients in fp32.
+    """FSDP2 per block and on the root; bf16 parameters reduce gradients in fp32. Under expert
+    parallelism each MoE layer's routed experts are their own FSDP unit on `expert_mesh`.
 
     The root (embedding, final norm, output) is never resharded after forward: its backward
     starts right after its forward, so resharding would only gather it again (FSDP2's own
@@ -286,6 +396,14 @@ def apply_fsdp(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    if expert_mesh is not None:  # experts sharded over the ranks holding the same experts
+        for _, moe in moe_layers(model):
+            fully_shard(
+                moe.experts,
+                mesh=expert_mesh,
+                mp_policy=mp,
+                reshard_after_forward=reshard_after_forward,
+            )
     layers: Any = model.layers
     for block in layers.values():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -334,31 +452,50 @@ def _group_key(t: torch.Tensor) -> tuple[Any, ...]:
     return ("plain",)
 
 
-@torch.no_grad()
-def clip_grad_norm_(
-    parameters: Iterator[nn.Parameter] | Sequence[nn.Parameter],
-    max_norm: float,
-    pp_group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
-    """Clip gradients to a total L2 norm of `max_norm`; returns the norm before clipping.
-
-    Gradients are grouped by (mesh, placements) so each group's norm is one DTensor reduction
-    (`torch.nn.utils.clip_grad_norm_` fails on mixed meshes); the squared norms are summed over
-    groups and, for pipelines, over stages. The coefficient is torch's, max_norm / (norm + 1e-6).
-    """
+def _squared_norm(grads: Sequence[torch.Tensor | None], device: torch.device) -> torch.Tensor:
+    """The squared L2 norm of `grads` (DTensors reduced over their meshes), fp32."""
     from torch.distributed.tensor import DTensor
 
-    grads = [p.grad for p in parameters if p.grad is not None]
     groups: dict[tuple[Any, ...], list[torch.Tensor]] = {}
     for g in grads:
-        groups.setdefault(_group_key(g), []).append(g)
-    device = grads[0].device if grads else torch.device("cpu")
+        if g is not None:
+            groups.setdefault(_group_key(g), []).append(g)
     total_sq = torch.zeros((), dtype=torch.float32, device=device)
     for members in groups.values():
         norm = torch.nn.utils.get_total_norm(members, norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         total_sq += norm.float() ** 2
+    return total_sq
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: Iterator[nn.Parameter] | Sequence[nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None = None,
+    sliced: Sequence[tuple[Sequence[nn.Parameter], Sequence[dist.ProcessGroup]]] = (),
+) -> torch.Tensor:
+    """Clip gradients to a total L2 norm of `max_norm`; returns the norm before clipping.
+
+    Gradients are grouped by (mesh, placements) so each group's norm is one DTensor reduction
+    (`torch.nn.utils.clip_grad_norm_` fails on mixed meshes); the squared norms are summed over
+    groups and, for pipelines, over stages. Parameters in `sliced` hold plain slices of the
+    model's (experts under EP or expert TP): their squared norms are also summed over the groups
+    given with them. The coefficient is torch's, max_norm / (norm + 1e-6).
+    """
+    from torch.distributed.tensor import DTensor
+
+    params = list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    in_slice = {id(p) for members, _ in sliced for p in members}
+    total_sq = _squared_norm([p.grad for p in params if id(p) not in in_slice], device)
+    for members, groups in sliced:
+        part = _squared_norm([p.grad for p in members], device)
+        for group in groups:
+            dist.all_reduce(part, group=group)
+        total_sq += part
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         dist.all_reduce(total_sq, group=pp_group)
     total = total_sq.sqrt()

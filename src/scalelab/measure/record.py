@@ -31,6 +31,13 @@ MEASURED_ONLY = (
     "memory_peak_reserved_bytes",  # CUDA allocator reserved peak, per GPU (max over ranks)
     "memory_peak_rss_bytes",  # host process peak resident memory (max over ranks)
     "final_loss",  # training loss at the last measured step of a repeat
+    # MoE models: per step, max over experts / mean over experts of the (token, choice) slots
+    # routed to each expert in the global batch, averaged over the MoE layers, then over steps.
+    "expert_load_imbalance",
+    # MoE models: per step, the busiest EP rank's (token, choice) rows over the mean of its EP
+    # group's, averaged over the MoE layers and EP groups, then over steps (1.0 without EP; the
+    # predictor's load-imbalance factor is this quantity, perf/moe.py).
+    "ep_load_imbalance",
 )
 # Per-repeat metrics of a bench record's summary (mean, std, 95 % CI over repeats): names from
 # scalelab.metrics, where the predictor's result has the same keys, or MEASURED_ONLY.
@@ -49,6 +56,9 @@ SUMMARY_METRICS = (
     "energy_per_token_j",
     "final_loss",
 )
+MOE_SUMMARY_METRICS = (*SUMMARY_METRICS, "expert_load_imbalance", "ep_load_imbalance")
+# Metrics a repeat's raw measurements hold per measured step, not as the repeat's one value.
+PER_STEP = ("step_time_s", "tokens_per_s", "expert_load_imbalance", "ep_load_imbalance")
 
 
 @dataclass
@@ -80,10 +90,12 @@ class RepeatResult:
 
 def workload(job: BenchJob) -> dict[str, Any]:
     spec, layout, options = job.model, job.layout, job.options
+    moe = {"active_params": spec.active_params} if spec.is_moe else {}
     return {
         "model": spec.name,
         "model_spec": spec.model_dump(),
         "n_params": spec.n_params,
+        **moe,
         "seq_len": layout.seq_len,
         "global_batch": layout.global_batch,
         "tokens_per_step": layout.global_batch * layout.seq_len,
@@ -176,7 +188,18 @@ def repeat_figures(
         "tokens_per_j": tokens / energy if energy else None,
         "energy_per_token_j": energy / tokens if energy is not None else None,
         "final_loss": res.loss[-1] if res.loss else None,
+        **_moe_figures(spec, res),
     }
+
+
+def _moe_figures(spec: ModelSpec, res: RepeatResult) -> dict[str, Any]:
+    if not spec.is_moe:
+        return {}
+    figures: dict[str, Any] = {}
+    for name in ("expert_load_imbalance", "ep_load_imbalance"):
+        per_step = res.extra.get(name) or []
+        figures[name] = sum(per_step) / len(per_step) if per_step else None
+    return figures
 
 
 def bench_record(
@@ -189,6 +212,7 @@ def bench_record(
 ) -> Record:
     """An ok bench record: raw per-repeat measurements and statistics over repeats."""
     layout, options = job.layout, job.options
+    metrics = MOE_SUMMARY_METRICS if job.model.is_moe else SUMMARY_METRICS
     record = base_record(job, identity, "ok")
     tokens_per_step = layout.global_batch * layout.seq_len
     per_repeat = []
@@ -224,15 +248,13 @@ def bench_record(
                 "power_w_per_rank": (
                     [e / res.window_s for e in per_rank] if per_rank is not None else None
                 ),
-                **{
-                    k: figures[k]
-                    for k in SUMMARY_METRICS
-                    if k not in ("step_time_s", "tokens_per_s")
-                },
+                # Per-step series where the repeat has them (MoE: expert_load_imbalance).
+                **{k: figures[k] for k in metrics if k not in PER_STEP},
+                **{k: v for k, v in res.extra.items() if k in PER_STEP},
             }
         )
     record.measurements = {"repeats": raw}
-    record.summary = summarise(per_repeat, SUMMARY_METRICS)
+    record.summary = summarise(per_repeat, metrics)
     record.notes = dict(notes or {})
     return record
 

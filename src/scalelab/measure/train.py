@@ -45,11 +45,13 @@ from scalelab.measure.parallel import (
     apply_compile,
     apply_ddp,
     apply_fsdp,
+    apply_moe,
     apply_tp,
     build_meshes,
     build_schedule,
     clip_grad_norm_,
     cp_context,
+    moe_layers,
     pipeline_modules,
 )
 from scalelab.measure.record import RepeatResult
@@ -274,20 +276,32 @@ class Trainer:
         )
         self.reshard_after_forward = reshard and self.uses_fsdp
         self.stages: list[tuple[int, nn.Module]] = []
+        # Ranks FSDP averages an expert's gradient over (see parallel.apply_moe).
+        dims = self.dims
+        expert_reducers = dims.dp_replicate * dims.dp_shard_mod_ep if self.uses_fsdp else 1
         for index, module in stage_modules:
             if layout.tp > 1:
                 apply_tp(module, self.meshes["tp"], layout.sequence_parallel, self.loss_parallel)
+            if spec.is_moe:
+                apply_moe(module, self.meshes, expert_reducers)
             apply_ac(module, layout.recompute)
             if options.compile:
                 apply_compile(module)
             if self.uses_fsdp:
-                apply_fsdp(module, self.meshes.fsdp, torch.bfloat16 if bf16 else None, reshard)
+                apply_fsdp(
+                    module,
+                    self.meshes.fsdp,
+                    torch.bfloat16 if bf16 else None,
+                    reshard,
+                    self.meshes.expert_fsdp,
+                )
             materialize(module, spec, options.seed, device)
             if self.uses_ddp:
                 module = apply_ddp(module, self.meshes.dp_cp.get_group())
             self.stages.append((index, module))
         self.modules = [module for _, module in self.stages]
         self.params = [p for m in self.modules for p in m.parameters()]
+        self._init_moe()
         self.optimizer = self._optimizer()
         self.schedule: Any = None
         if layout.pp > 1:
@@ -309,6 +323,62 @@ class Trainer:
         self.data = TokenData(spec.vocab_size, layout.seq_len, options.seed, options.data)
         self.local_batch = layout.global_batch // self.dims.dp
         self.local_seq_len: int | None = None  # tokens per sequence a rank sees (seq_len / cp)
+
+    def _init_moe(self) -> None:
+        """The MoE layers of this rank (global layer index, module), the gradients to sum over
+        TP after backward, the sliced expert weights for the gradient norm, and the per-step
+        routed-token counts (load imbalance)."""
+        self.moe_modules = [pair for m in self.modules for pair in moe_layers(m)]
+        self.tp_partial = [p for _, m in self.moe_modules for p in m.tp_partial_params()]
+        routed_groups, shared_groups = [], []
+        if self.meshes.ep is not None:
+            routed_groups.append(self.meshes.ep.get_group())
+        if self.dims.tp > 1 and self.dims.etp > 1:
+            routed_groups.append(self.meshes["tp"].get_group())
+            shared_groups.append(self.meshes["tp"].get_group())
+        routed, shared = [], []
+        for _, m in self.moe_modules:
+            r, s = m.sliced_params()
+            routed += r
+            shared += s
+        self.sliced = [
+            (ps, gs) for ps, gs in ((routed, routed_groups), (shared, shared_groups)) if gs
+        ]
+        # Per step: an (n_layers, n_experts) tensor of routed (token, choice) slots (of the
+        # tokens this rank routed), and an (n_layers,) tensor of the rows its experts computed.
+        self.expert_counts: list[torch.Tensor] = []
+        self.expert_rows: list[torch.Tensor] = []
+
+    def _sum_tp_partial_grads(self) -> None:
+        """Sum over TP the gradients each TP rank holds only part of (`MoE.tp_partial_params`)."""
+        from torch.distributed.tensor import DTensor
+
+        grads = [
+            g.to_local() if isinstance(g, DTensor) else g
+            for p in self.tp_partial
+            if (g := p.grad) is not None
+        ]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.meshes["tp"].get_group())
+        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))
+
+    def _record_expert_counts(self) -> None:
+        if not self.spec.is_moe:
+            return
+        counts = torch.zeros(
+            self.spec.n_layers, self.spec.n_experts, dtype=torch.float64, device=self.info.device
+        )
+        rows = torch.zeros(self.spec.n_layers, dtype=torch.float64, device=self.info.device)
+        for index, m in self.moe_modules:
+            counts[index] += m.tokens_per_expert
+            rows[index] += m.experts.rows_computed
+            m.tokens_per_expert.zero_()
+            m.experts.rows_computed.zero_()
+        self.expert_counts.append(counts)
+        self.expert_rows.append(rows)
 
     def _optimizer(self) -> Any:
         kwargs: dict[str, Any] = {"lr": self.options.lr, "betas": (0.9, 0.95), "weight_decay": 0.1}
@@ -375,10 +445,13 @@ class Trainer:
             loss = self._pipeline_step(inputs, labels)
         else:
             loss = self._flat_step(inputs, labels)
+        if self.tp_partial:
+            self._sum_tp_partial_grads()
         pp_group = self.meshes["pp"].get_group() if self.layout.pp > 1 else None
         with torch.profiler.record_function("scalelab::clip_grad_norm"):
-            norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group)
+            norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group, self.sliced)
         self.optimizer.step()
+        self._record_expert_counts()
         return loss, norm
 
     def _grad_sync(self, model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[Any]:
@@ -495,6 +568,8 @@ def _reduce(values: list[float], op: dist.ReduceOp.RedOpType, device: torch.devi
 def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatResult:
     """Warm-up then measured steps from global step `first_step`."""
     opts, device = trainer.options, trainer.info.device
+    trainer.expert_counts.clear()
+    trainer.expert_rows.clear()
     w_times, w_losses, _ = _timed_steps(trainer, first_step, opts.warmup)
     dist.barrier()
     if device.type == "cuda":
@@ -536,6 +611,12 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     dist.all_gather(gathered, torch.tensor([local], dtype=torch.float64, device=device))
     per_rank = [float(t.item()) for t in gathered]
     has_energy = all(v == v for v in per_rank)  # no NaN: every rank read its counter
+    extra: dict[str, Any] = {}
+    if trainer.spec.is_moe and opts.steps:
+        extra["expert_load_imbalance"] = expert_load_imbalance(
+            trainer.spec, trainer.expert_counts[-opts.steps :]
+        )
+        extra["ep_load_imbalance"] = ep_load_imbalance(trainer, trainer.expert_rows[-opts.steps :])
     return RepeatResult(
         warmup_step_time_s=w_times_r,
         warmup_loss=loss_list[: len(w_losses)],
@@ -548,7 +629,46 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
         peak_rss_bytes=int(rss_r),
         window_energy_j_per_rank=per_rank if has_energy else None,
         memory_bytes=[int(v) if v == v else None for v in per_step],
+        extra=extra,
     )
+
+
+def ep_load_imbalance(trainer: Trainer, per_step: list[torch.Tensor]) -> list[float]:
+    """Per step, the MoE layers' mean of max over an EP group's ranks / mean over them of the
+    (token, choice) rows each rank's experts computed, averaged over the EP groups: how much
+    more the busiest EP rank computes than the average one (the predictor's load-imbalance
+    factor, perf/moe.py). 1.0 without expert parallelism."""
+    rows = torch.stack(per_step)  # (steps, n_layers): this rank's
+    ratio = torch.ones_like(rows)
+    if trainer.meshes.ep is not None:
+        group = trainer.meshes.ep.get_group()
+        busiest, total = rows.clone(), rows.clone()
+        dist.all_reduce(busiest, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(total, group=group)
+        ratio = busiest / (total / trainer.dims.ep).clamp_min(1e-12)
+    # Average over the ranks that hold each MoE layer (pipeline stages hold different layers).
+    here = torch.zeros(trainer.spec.n_layers, dtype=rows.dtype, device=rows.device)
+    for index, _ in trainer.moe_modules:
+        here[index] = 1.0
+    summed = torch.stack([ratio * here, here.expand_as(ratio)])
+    dist.all_reduce(summed)
+    layers = [i for i in range(trainer.spec.n_layers) if trainer.spec.is_moe_layer(i)]
+    mean = summed[0][:, layers] / summed[1][:, layers].clamp_min(1.0)
+    return [float(v) for v in mean.mean(dim=-1).tolist()]
+
+
+def expert_load_imbalance(spec: ModelSpec, per_step: list[torch.Tensor]) -> list[float]:
+    """Per step, the MoE layers' mean of max over experts / mean over experts of the (token,
+    choice) slots routed to each expert in the whole global batch (1.0: perfectly balanced; the
+    busiest expert's excess work). Each rank's counts of the tokens it routed are summed over all
+    ranks (ranks that route the same tokens, TP ranks under expert_tp = tp, only scale all
+    counts alike, which leaves the ratio unchanged)."""
+    counts = torch.stack(per_step)
+    dist.all_reduce(counts)
+    rows = [i for i in range(spec.n_layers) if spec.is_moe_layer(i)]
+    moe = counts[:, rows]
+    ratio = moe.max(dim=-1).values / moe.mean(dim=-1).clamp_min(1e-12)
+    return [float(v) for v in ratio.mean(dim=-1).tolist()]
 
 
 def profile_window(trainer: Trainer, first_step: int, trace_dir: Path) -> Path:

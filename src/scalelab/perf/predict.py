@@ -152,10 +152,10 @@ class StepContext:
     layers_per_stage: np.ndarray  # uneven splits put ceil(L / (pp*v)) layers in the slowest chunk
     call_s: float  # the framework's host-side cost of issuing one collective
     compute: LayerCompute
+    moe: moe_mod.MoECost | None  # a MoE model's experts, dispatch and combine (None: dense)
     stack: StackSpec  # the framework's behaviour (config/stack.py; `generic` by default)
     # Gradients reduced on every micro-batch (the stack's choice for this sharding), else once.
     grad_reduces_per_step: np.ndarray
-    moe: moe_mod.MoECost | None  # a MoE model's experts, dispatch and combine (None: dense)
 
     @property
     def ones(self) -> np.ndarray:
@@ -208,10 +208,6 @@ def build_context(
         layers_per_stage=np.ceil(model.n_layers / (pp * v)) * v,
         call_s=cluster.params.collective_overhead_us * 1e-6,
         compute=compute,
-        stack=stack,
-        grad_reduces_per_step=np.where(
-            stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
-        ),
         moe=moe_mod.moe_cost(
             model,
             cluster,
@@ -221,6 +217,10 @@ def build_context(
         )
         if model.is_moe
         else None,
+        stack=stack,
+        grad_reduces_per_step=np.where(
+            stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
+        ),
     )
 
 

@@ -204,8 +204,8 @@ def expand(sweep: SweepFile, base: Path) -> list[Point]:
                 for series, layout in _layouts(entry, where, spec, cluster, gpus, batch, seq_len):
                     try:
                         check(layout, spec, cluster)
-                        check_layout(layout, spec)
-                        check_layout_options(options, layout)
+                        check_layout(layout, spec, gpn)
+                        check_layout_options(options, layout, spec)
                     except InputError as exc:
                         raise InputError(
                             where, f"{spec.name} on {n} node(s): {exc.field}: {exc.message}"
