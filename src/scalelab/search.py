@@ -478,8 +478,13 @@ def _moe_space(
     valid = _concat_tables(one.valid.take(keep_valid), two.valid)
     kept = Prediction(**{k: one.pred[k][keep_valid] for k in one.pred.keys()})  # noqa: SIM118
     pred = kept if two.pred is None else _concat_predictions(kept, two.pred)
+    lean = _stage_one(c, stack)
+    first = (
+        ", ".join(str(v[0]) if v else "any" for v in (lean.sharding, lean.pp_schedule))
+        + ", reshard after forward, SP"
+    )
     info = {
-        "moe_stages": f"{len(one.space):,} layouts with FSDP, reshard, SP and 1F1B over every "
+        "moe_stages": f"{len(one.space):,} layouts with {first} over every "
         f"(tp, pp, cp, ep, expert_tp) x micro-batch x recompute, then every knob for the "
         f"{len(chosen)} best of {len(keys)} combinations ({len(two.space):,} layouts)"
     }
