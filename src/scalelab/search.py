@@ -113,8 +113,13 @@ def _divisors(n: int) -> list[int]:
 def _product(*values: Any) -> np.ndarray:
     """`itertools.product` of integer sequences as one int64 array (rows in the same order)."""
     arrays = [np.asarray(list(v), dtype=np.int64) for v in values]
-    index = np.indices([len(a) for a in arrays]).reshape(len(arrays), -1)
-    return np.stack([a[i] for a, i in zip(arrays, index, strict=True)], axis=1)
+    out = np.empty((int(np.prod([len(a) for a in arrays])), len(arrays)), dtype=np.int64)
+    repeat = 1
+    for j in range(len(arrays) - 1, -1, -1):  # the last column varies fastest
+        a = arrays[j]
+        out[:, j] = np.tile(np.repeat(a, repeat), len(out) // (repeat * len(a)) if len(a) else 0)
+        repeat *= len(a)
+    return out
 
 
 def _allowed(values: list[Any], allowed: list[Any] | None) -> list[Any]:
@@ -129,9 +134,11 @@ def enumerate_space(
     seq_len: int,
     constraints: Constraints | None = None,
     only: dict[tuple[int, int, int], set[tuple[int, int]]] | None = None,
+    divisible_only: bool = False,
 ) -> LayoutTable:
     """Every candidate layout (valid or not) as one table; with `only`, only the (tp, pp, cp)
-    it names with their (ep, expert_tp) pairs."""
+    it names with their (ep, expert_tp) pairs; with `divisible_only`, only degrees whose product
+    divides the GPUs (the others are invalid anyway: the MoE search skips them)."""
     c = constraints or Constraints()
     precision = Precision.parse("precision", c.precision)
     attention = AttentionKernel.parse("attention", c.attention)
@@ -178,6 +185,8 @@ def enumerate_space(
         if only is not None and (tp, pp, cp) not in only:
             continue
         mp = tp * pp * cp
+        if divisible_only and gpus % mp:
+            continue
         dp = max(1, gpus // mp)
         options: list[tuple[int, int]] = []
         for s in shardings:
@@ -225,7 +234,7 @@ def enumerate_space(
         opt = np.array(options, dtype=np.int64)[grid[:, 0]]
         sch = np.array(sched, dtype=np.int64)[grid[:, 1]]
         reshard = grid[:, 4].astype(bool)
-        shards_params = np.isin(opt[:, 0], (Sharding.FSDP.code, Sharding.HSDP.code))
+        shards_params = (opt[:, 0] == Sharding.FSDP.code) | (opt[:, 0] == Sharding.HSDP.code)
         keep = shards_params | reshard  # reshard only means something for FSDP/HSDP
         n = int(keep.sum())
         columns["tp"].append(np.full(n, tp))
@@ -356,8 +365,9 @@ def explain(winner: dict[str, Any], baseline: dict[str, Any] | None) -> list[str
 MOE_REFINE = 16
 
 
-def _stage_one(c: Constraints) -> Constraints:
-    """One value of each secondary knob (the leanest in memory the constraints allow)."""
+def _stage_one(c: Constraints, stack: StackSpec) -> Constraints:
+    """One value of each secondary knob (the leanest in memory the constraints and the stack
+    allow)."""
     from dataclasses import replace
 
     def pick(allowed: list[Any] | None, prefer: Any) -> list[Any] | None:
@@ -365,12 +375,16 @@ def _stage_one(c: Constraints) -> Constraints:
             return [prefer]
         return allowed[:1]
 
+    offered = [str(x) for x in stack.shardings]
+    shardings = [x for x in (c.sharding or list(Sharding.names())) if x in offered]
+    schedules = [str(x) for x in stack.schedules]
+    schedules = [x for x in (c.pp_schedule or schedules) if x in schedules]
     return replace(
         c,
-        sharding=pick(c.sharding, Sharding.FSDP.value),
+        sharding=pick(shardings or c.sharding, Sharding.FSDP.value),
         reshard_after_forward=pick(c.reshard_after_forward, True),
         sequence_parallel=pick(c.sequence_parallel, True),
-        pp_schedule=pick(c.pp_schedule, PipelineSchedule.ONE_F_ONE_B.value),
+        pp_schedule=pick(schedules or c.pp_schedule, PipelineSchedule.ONE_F_ONE_B.value),
     )
 
 
@@ -429,7 +443,9 @@ def _moe_space(
     one = _evaluate(
         model,
         cluster,
-        enumerate_space(model, cluster, gpus, global_batch, seq_len, _stage_one(c)),
+        enumerate_space(
+            model, cluster, gpus, global_batch, seq_len, _stage_one(c, stack), divisible_only=True
+        ),
         stack,
     )
     if one.pred is None:
@@ -449,7 +465,7 @@ def _moe_space(
     two = _evaluate(
         model,
         cluster,
-        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees),
+        enumerate_space(model, cluster, gpus, global_batch, seq_len, c, degrees, True),
         stack,
     )
     # Stage one's layouts of the refined combinations are in stage two: drop them there.
@@ -462,8 +478,13 @@ def _moe_space(
     valid = _concat_tables(one.valid.take(keep_valid), two.valid)
     kept = Prediction(**{k: one.pred[k][keep_valid] for k in one.pred.keys()})  # noqa: SIM118
     pred = kept if two.pred is None else _concat_predictions(kept, two.pred)
+    lean = _stage_one(c, stack)
+    first = (
+        ", ".join(str(v[0]) if v else "any" for v in (lean.sharding, lean.pp_schedule))
+        + ", reshard after forward, SP"
+    )
     info = {
-        "moe_stages": f"{len(one.space):,} layouts with FSDP, reshard, SP and 1F1B over every "
+        "moe_stages": f"{len(one.space):,} layouts with {first} over every "
         f"(tp, pp, cp, ep, expert_tp) x micro-batch x recompute, then every knob for the "
         f"{len(chosen)} best of {len(keys)} combinations ({len(two.space):,} layouts)"
     }

@@ -197,3 +197,41 @@ def test_search_ranks_ep_layouts_and_refuses_ep_on_dense() -> None:
     with pytest.raises(InputError, match="mixture-of-experts models only"):
         search(load_model("llama2-7b"), H100, gpus=16, global_batch=32, seq_len=4096,
                constraints=Constraints(ep=[2]))  # fmt: skip
+
+
+def test_attention_with_its_own_head_width_is_priced_at_its_flops() -> None:
+    """Qwen3's 64 heads of 128 span 8192 columns, twice d_model: the projections cost 2 FLOPs per
+    attention parameter per token and the core runs at n_heads x (qk + v) width (causal half)."""
+    from scalelab.config.options import AttentionKernel
+    from scalelab.perf.compute import layer_compute
+
+    one = np.array([1])
+    tokens, s = 4096.0, 4096
+    lc = layer_compute(
+        load_model("qwen3-235b-a22b"),
+        H100,
+        micro_batch=one,
+        seq_len=np.array([s]),
+        tp=one,
+        cp=one,
+        sequence_parallel=np.array([False]),
+        fp8=np.array([False]),
+        attention=np.array([AttentionKernel.FLASH.code]),
+    )
+    m = load_model("qwen3-235b-a22b")
+    gemm = 2.0 * tokens * (m.attention_params + 3 * m.d_model * m.d_ff)
+    core = 2.0 * s * s * m.attention_core_width / 2.0
+    assert m.attention_core_width == 64 * 256
+    assert lc.forward_flops[0] == pytest.approx(gemm + core, rel=1e-12)
+
+
+def test_moe_search_with_a_stack_that_offers_no_fsdp() -> None:
+    """The first stage takes the leanest sharding the stack offers (DDP on Megatron-LM 2021)."""
+    from scalelab.config.stack import load_stack
+    from scalelab.search import search
+
+    result = search(
+        QWEN, H100, gpus=16, global_batch=32, seq_len=4096, stack=load_stack("megatron-lm-2021")
+    )
+    assert result.top and all(r["layout"]["sharding"] == "ddp" for r in result.top)
+    assert "ddp" in result.to_dict()["moe_stages"]

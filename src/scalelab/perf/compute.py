@@ -84,17 +84,32 @@ def layer_compute(
     # K/V columns per TP rank: replicated once tp exceeds the K/V heads (Megatron-Core).
     kv_local = kv * model.kv_replication(tp_f) / tp_f
 
-    gemm_fwd = (
-        gemm_time(tokens, d, d / tp_f + 2 * kv_local, linear_peak, cluster)
-        + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
-        + n_up * gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
-        + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
-    )
-    gemm_flops = (
-        2.0 * tokens * (d * (d / tp_f + 2 * kv_local) + (d * d + (n_up + 1) * d * ff) / tp_f)
-    )
-
-    attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
+    # Attention whose heads do not span d_model (a d_head of its own: Qwen3; MLA: DeepSeek-V3):
+    # its projections as one GEMM of the same FLOPs (2 per projection parameter per token) and
+    # its core at its own width (`ModelSpec.attention_core_width`). Standard attention (every
+    # dense catalog model) keeps the original terms.
+    standard = model.attention == "gqa" and model.d_head is None
+    if standard:
+        gemm_fwd = (
+            gemm_time(tokens, d, d / tp_f + 2 * kv_local, linear_peak, cluster)
+            + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
+            + n_up * gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
+            + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
+        )
+        gemm_flops = (
+            2.0 * tokens * (d * (d / tp_f + 2 * kv_local) + (d * d + (n_up + 1) * d * ff) / tp_f)
+        )
+        attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
+    else:
+        proj_params = model.attention_params / tp_f
+        gemm_fwd = (
+            gemm_time(tokens, d, proj_params / d, linear_peak, cluster)
+            + n_up * gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
+            + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
+        )
+        gemm_flops = 2.0 * tokens * (proj_params + (n_up + 1) * d * ff / tp_f)
+        core_width = model.attention_core_width / 2.0
+        attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * core_width / (tp_f * cp)
     flash_rate = (
         np.where(attention == AttentionKernel.FLASH1.code, FLASH1_RELATIVE_RATE, 1.0)
         * p.attention_efficiency

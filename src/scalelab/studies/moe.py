@@ -131,8 +131,9 @@ def _figures(
         ax1.plot(gpus, ys, marker=marker, label=label)
     ax1.set_ylabel("tokens/s per GPU (predicted)")
     ax1.set_title("throughput per GPU")
+    ax1.set_ylim(bottom=0)
     gpu_axis(ax1, gpus)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="lower right")
     ax2.plot(
         gpus,
         [100 * r.get("moe_all_to_all_share", np.nan) for r in scale_rows],
@@ -141,6 +142,7 @@ def _figures(
     )
     ax2.set_ylabel("AllToAll dispatch + combine (% of step time)")
     ax2.set_title("MoE: share of the step in AllToAll (best layout)")
+    ax2.set_ylim(bottom=0)
     gpu_axis(ax2, gpus)
     fig.tight_layout()
     first = save_figure(fig, out / "moe_scaling.png", data=True)
@@ -156,12 +158,12 @@ def _figures(
         if match:
             ax.scatter([stop], [match[0]["tokens_per_s_per_gpu"]], s=120, facecolors="none",
                        edgecolors="black")  # fmt: skip
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("expert-parallel degree (EP)")
+    gpu_axis(ax, sorted({r["ep"] for r in ep_rows}) or [1], "expert-parallel degree (EP, ranks)")
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("best tokens/s per GPU at that EP (predicted)")
     ax.set_title(f"{name}: where EP stops paying (circled)")
     if ep_rows:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     second = save_figure(fig, out / "moe_ep.png", data=True)
     return [first, second]
