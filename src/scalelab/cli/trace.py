@@ -121,12 +121,22 @@ def _diff_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: Sequence[str]) -> int:
-    """`scalelab trace ...` (argv after the verb); returns the exit code."""
+def run(args: Sequence[str], *, exits: bool = False) -> int:
+    """`scalelab trace ...` (argv after the verb); returns the exit code.
+
+    `exits`: the process ends right after (the console entry point): the parsed traces are not
+    freed (`load.keep_parsed`), the process's exit does it at once.
+    """
     args = list(args)
     if args and args[0] == "diff" and not Path("diff").exists():
         return _run_diff(_diff_parser().parse_args(args[1:]))
     opts = _parser().parse_args(args)
+    from scalelab.trace import load
+
+    # The first file is read and decompressed beside the imports of numpy and the analysis.
+    load.prefetch(opts.paths)
+    if exits:
+        load.keep_parsed = []
     from scalelab.trace import analyze
 
     report = analyze(

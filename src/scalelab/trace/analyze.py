@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scalelab.errors import InputError
+from scalelab.trace import load
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
-from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.intervals import Int64Array, IntervalSet, distinct
 from scalelab.trace.kernels import kernel_report
 from scalelab.trace.load import Parser, find_trace_files, read_trace
 from scalelab.trace.report import (
@@ -123,6 +124,8 @@ def analyze_file(
             raw = read_trace(path, parser="general")
             timeline = extract(raw)
         rank, world_size = raw.rank, raw.world_size
+        if load.keep_parsed is not None:  # a command about to exit: not worth freeing
+            load.keep_parsed.append(raw)
         del raw  # the parsed events are by far the largest object: free them before measuring
     finally:
         if paused:
@@ -222,7 +225,7 @@ class _Sets:
     @classmethod
     def of(cls, t: Timeline) -> _Sets:
         collectives = []
-        for code in np.unique(t.comm_collective).tolist():
+        for code in distinct(t.comm_collective).tolist():
             mine = t.comm_collective == code
             union = IntervalSet.union_of(t.comm_start_ns[mine], t.comm_end_ns[mine])
             collectives.append(

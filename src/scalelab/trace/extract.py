@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import attrgetter, getitem, itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -216,22 +216,11 @@ def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) ->
         names: list[Any] = list(map(attrgetter("name"), others))
     else:
         names = list(map(dict.get, others, repeat("name")))
-    # A cheap first test on the names' first five characters (all prefixes' heads are distinct
-    # at five), then the exact one on the few that pass.
-    heads = {p[:5] for p in named_prefixes}
-    try:
-        flags = list(map(heads.__contains__, map(getitem, names, repeat(_HEAD))))
+    try:  # str.startswith at C level, no slice objects or Python frames per name
+        flags = list(map(str.startswith, names, repeat(named_prefixes)))
     except TypeError:  # a name that is not a string (None, a number): the slow way
-        flags = [n.__class__ is str and n[:5] in heads for n in names]
-    named = [
-        ev
-        for ev, n in zip(compress(others, flags), compress(names, flags), strict=True)
-        if n.startswith(named_prefixes)
-    ]
-    return buckets[1], buckets[2], buckets[3], buckets[4], named
-
-
-_HEAD = slice(0, 5)
+        flags = [n.__class__ is str and n.startswith(named_prefixes) for n in names]
+    return buckets[1], buckets[2], buckets[3], buckets[4], list(compress(others, flags))
 
 
 _CATEGORY_CODE: dict[Any, int] = {
