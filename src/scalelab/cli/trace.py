@@ -133,10 +133,13 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
     opts = _parser().parse_args(args)
     from scalelab.trace import load
 
-    # The first file is read and decompressed beside the imports of numpy and the analysis.
-    load.prefetch(opts.paths)
+    # A head start on the first file beside the imports of numpy and the analysis: a command
+    # (a process of its own, `exits`) reads, decodes and gathers it in a forked child
+    # (`background`); otherwise a thread reads and decompresses it (which releases the GIL).
     if exits:
         load.keep_parsed = []
+    if not (exits and opts.parser == "auto" and _start_background(opts.paths)):
+        load.prefetch(opts.paths)
     from scalelab.trace import analyze
 
     report = analyze(
@@ -170,6 +173,12 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
         out.line(f"wrote {path}")
     out.flush()
     return 0
+
+
+def _start_background(paths: list[Path]) -> bool:
+    from scalelab.trace import background
+
+    return background.start(paths)
 
 
 def _run_diff(opts: argparse.Namespace) -> int:

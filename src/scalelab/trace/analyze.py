@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scalelab.errors import InputError
-from scalelab.trace import load
+from scalelab.trace import background, load
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
 from scalelab.trace.intervals import Int64Array, IntervalSet, distinct
 from scalelab.trace.kernels import kernel_report
-from scalelab.trace.load import Parser, find_trace_files, read_trace
+from scalelab.trace.load import Parser, RawTrace, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
     CollectiveStats,
@@ -117,16 +117,7 @@ def analyze_file(
     paused = gc.isenabled()
     gc.disable()
     try:
-        raw = read_trace(path, parser=parser)
-        try:
-            timeline = extract(raw)
-        except NeedsGeneralParserError:
-            raw = read_trace(path, parser="general")
-            timeline = extract(raw)
-        rank, world_size = raw.rank, raw.world_size
-        if load.keep_parsed is not None:  # a command about to exit: not worth freeing
-            load.keep_parsed.append(raw)
-        del raw  # the parsed events are by far the largest object: free them before measuring
+        timeline, rank, world_size = _read(Path(path), parser)
     finally:
         if paused:
             gc.enable()
@@ -195,6 +186,32 @@ def analyze_file(
             else None
         ),
     )
+
+
+def _read(path: Path, parser: Parser) -> tuple[Timeline, int | None, int | None]:
+    """Parse and extract one file: its timeline, rank and world size. The columns a forked child
+    gathered for it (the command's head start, `background`) stand in for parsing it here."""
+    gathered = background.take(path) if parser == "auto" else None
+    if gathered is not None:
+        values, metadata = gathered
+        try:
+            timeline = extract(values)
+        except NeedsGeneralParserError:
+            pass
+        else:
+            meta = RawTrace(path, [], metadata)
+            return timeline, meta.rank, meta.world_size
+    raw = read_trace(path, parser=parser)
+    try:
+        timeline = extract(raw)
+    except NeedsGeneralParserError:
+        raw = read_trace(path, parser="general")
+        timeline = extract(raw)
+    rank, world_size = raw.rank, raw.world_size
+    if load.keep_parsed is not None:  # a command about to exit: not worth freeing
+        load.keep_parsed.append(raw)
+    del raw  # the parsed events are by far the largest object: free them before measuring
+    return timeline, rank, world_size
 
 
 def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
