@@ -140,3 +140,46 @@ def test_distinct_and_percentile_are_numpys() -> None:
         for q in (0, 1, 5, 50, 95, 99, 100):
             assert percentile(values, q) == float(np.percentile(values, q))
     assert distinct(np.zeros(0, np.int64)).size == 0
+
+
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+@pytest.mark.parametrize("name", ["a100-ddp-rank0-of-2", "single-rank-no-comm"])
+def test_two_processes_gather_the_same_columns_as_one(name: str) -> None:
+    path = TRACES / f"{name}.json.gz"
+    whole = gather(load.read_trace(path))
+    assert isinstance(whole, Columns)
+    taken = background.gather_in_two(path)
+    assert taken is not None
+    merged, metadata = taken
+    assert merged.to_tuple() == whole.to_tuple()
+    assert metadata == load.read_trace(path).metadata
+    assert load._prefetched == {}
+
+
+def test_the_cut_lies_between_two_events() -> None:
+    data = load.read_bytes(GPU)
+    cut = background.split_point(data)
+    assert cut is not None
+    end_a, start_b = cut
+    assert data[end_a - 1 : end_a] == b"}" and data[start_b : start_b + 1] == b"{"
+    assert data[end_a:start_b].strip() == b","
+    # A compact file (no Kineto indentation) is not cut: it is read in one process.
+    assert background.split_point(load.read_bytes(TRACES / "sampled-rank0-of-128.json.gz")) is None
+
+
+def test_small_files_and_threaded_callers_are_read_in_one_process() -> None:
+    import threading
+
+    small = TRACES / "amd-mi250-rocm.json.gz"
+    assert background.gather_in_two(small) is None
+    assert load.read_bytes(small) is not None  # what it read is kept for the reader
+    assert load._prefetched == {}
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert background.gather_in_two(GPU) is None
+    finally:
+        stop.set()
+        other.join()
+    assert analyze(GPU, workers=1).to_dict() == analyze(GPU, workers=2).to_dict()

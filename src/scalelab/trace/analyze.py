@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ def analyze(
     keep_intervals: bool = False,
     parser: Parser = "auto",
     skip_bad: bool = False,
+    workers: int | None = None,
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
@@ -48,6 +50,9 @@ def analyze(
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
     `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
+    `workers`: processes that decode one large file (default: 2 where the machine has two
+    cores or more; see `background.gather_in_two`, which says when it applies); results are the
+    same with any number.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
@@ -55,7 +60,9 @@ def analyze(
     bad: list[tuple[Path, InputError]] = []
     for f in files:
         try:
-            ranks.append(analyze_file(f, keep_intervals=keep_intervals, parser=parser))
+            ranks.append(
+                analyze_file(f, keep_intervals=keep_intervals, parser=parser, workers=workers)
+            )
         except InputError as exc:
             bad.append((f, exc))
     if bad and (not skip_bad or not ranks):
@@ -108,16 +115,20 @@ def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
 
 
 def analyze_file(
-    path: str | Path, *, keep_intervals: bool = False, parser: Parser = "auto"
+    path: str | Path,
+    *,
+    keep_intervals: bool = False,
+    parser: Parser = "auto",
+    workers: int | None = None,
 ) -> RankReport:
-    """Analyse one trace file."""
+    """Analyse one trace file (`workers`: see `analyze`)."""
     # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
     # would rescan them again and again while they are made (3-4x slower), and they hold no
     # cycles, so it is paused while the file is parsed and its events are extracted.
     paused = gc.isenabled()
     gc.disable()
     try:
-        timeline, rank, world_size = _read(Path(path), parser)
+        timeline, rank, world_size = _read(Path(path), parser, workers)
     finally:
         if paused:
             gc.enable()
@@ -188,10 +199,17 @@ def analyze_file(
     )
 
 
-def _read(path: Path, parser: Parser) -> tuple[Timeline, int | None, int | None]:
+def _read(
+    path: Path, parser: Parser, workers: int | None
+) -> tuple[Timeline, int | None, int | None]:
     """Parse and extract one file: its timeline, rank and world size. The columns a forked child
-    gathered for it (the command's head start, `background`) stand in for parsing it here."""
+    gathered for it (the command's head start, `background`), or two processes gathered
+    together, stand in for parsing it here in one."""
     gathered = background.take(path) if parser == "auto" else None
+    if workers is None:
+        workers = 2 if (os.cpu_count() or 1) > 1 else 1
+    if gathered is None and parser == "auto" and workers > 1:
+        gathered = background.gather_in_two(path)
     if gathered is not None:
         values, metadata = gathered
         try:

@@ -87,10 +87,10 @@ class CpuTrace:
     step_lanes: set[tuple[Any, Any]]
 
 
-def gather(raw: RawTrace) -> Columns | CpuTrace:
+def gather(raw: RawTrace, *, part: bool = False) -> Columns | CpuTrace:
     """Bucket the events and read their fields (see the module doc); raises what reading a
     malformed event raises (AttributeError, TypeError, ValueError, KeyError), as `extract`
-    always did, and InputError for a device type the analyser does not model."""
+    always did. `part`: the events are a part of a trace's (see `merge`): always Columns."""
     events = raw.events
     n_events = len(events)
     gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
@@ -130,7 +130,7 @@ def gather(raw: RawTrace) -> Columns | CpuTrace:
         for ev in named
         if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
     ]
-    if not kernels and not copies:
+    if not kernels and not copies and not part:
         step_lanes = {
             (ev.get("pid"), ev.get("tid"))
             for ev in named
@@ -174,7 +174,47 @@ def gather(raw: RawTrace) -> Columns | CpuTrace:
         comm_rows=comm_rows,
         comm_labels=[collective_arg(a) for a in comm_args],
         comm_meta=[comm_meta(a) for a in comm_args],
-        refusal=None if runtime else unmodelled_device(raw),
+        refusal=None if runtime or part else unmodelled_device(raw),
+    )
+
+
+def merge(a: Columns, b: Columns) -> Columns:
+    """The columns of a trace from those of its two parts (`a`'s events before `b`'s in the
+    file): the same lists, in the same order, as gathering the whole trace at once gives."""
+    ka, kb = a.n_kernels, b.n_kernels
+
+    def device(x: list[Any], y: list[Any]) -> list[Any]:  # kernels first, then copies
+        return x[:ka] + y[:kb] + x[ka:] + y[kb:]
+
+    def numbers_of(x: Numbers, y: Numbers, on_device: bool = False) -> Numbers:
+        values = device(x[0], y[0]) if on_device else x[0] + y[0]
+        return values, x[1] or y[1]
+
+    return Columns(
+        path=a.path,
+        typed=a.typed and b.typed,
+        n_events=a.n_events + b.n_events,
+        steps=a.steps + b.steps,
+        host_colls=a.host_colls + b.host_colls,
+        n_kernels=ka + kb,
+        kernel_names=a.kernel_names + b.kernel_names,
+        copy_names=a.copy_names + b.copy_names,
+        device_ts=numbers_of(a.device_ts, b.device_ts, on_device=True),
+        device_dur=numbers_of(a.device_dur, b.device_dur, on_device=True),
+        device_corr=device(a.device_corr, b.device_corr),
+        device_pid=device(a.device_pid, b.device_pid),
+        device_tid=device(a.device_tid, b.device_tid),
+        runtime_ts=numbers_of(a.runtime_ts, b.runtime_ts),
+        runtime_dur=numbers_of(a.runtime_dur, b.runtime_dur),
+        runtime_corr=a.runtime_corr + b.runtime_corr,
+        runtime_tid=a.runtime_tid + b.runtime_tid,
+        annotation_ts=numbers_of(a.annotation_ts, b.annotation_ts),
+        annotation_dur=numbers_of(a.annotation_dur, b.annotation_dur),
+        annotation_names=a.annotation_names + b.annotation_names,
+        comm_rows=a.comm_rows + [r + ka for r in b.comm_rows],
+        comm_labels=a.comm_labels + b.comm_labels,
+        comm_meta=a.comm_meta + b.comm_meta,
+        refusal=None,
     )
 
 

@@ -119,10 +119,25 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     _prefetch_thread.start()
 
 
+def remember(path: Path, data: bytes) -> None:
+    """Keep a file's bytes for the next `read_trace` of it (which takes them)."""
+    _prefetched[str(path)] = data
+
+
+def forget(path: Path) -> None:
+    _prefetched.pop(str(path), None)
+
+
+def read_bytes(path: Path) -> bytes:
+    """A trace file's bytes, decompressed (or those prefetched or remembered for it)."""
+    data = _take_prefetched(path)
+    return _read_bytes(path) if data is None else data
+
+
 def _take_prefetched(path: Path) -> bytes | None:
     global _prefetch_thread
     if _prefetch_thread is None:
-        return None
+        return _prefetched.pop(str(path), None)
     _prefetch_thread.join()
     _prefetch_thread = None
     data = _prefetched.pop(str(path), None)
@@ -143,9 +158,7 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     `general` always uses orjson.
     """
     path = Path(path)
-    data = _take_prefetched(path)
-    if data is None:
-        data = _read_bytes(path)
+    data = read_bytes(path)
     if parser == "auto" and _schema is not None:
         try:
             events, metadata = _schema.decode(data)
