@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -107,12 +108,9 @@ def gather_in_two(
     threads running (forking them is unsafe), a small file, an unusual layout, a part the typed
     decoder cannot read, a CPU trace or a trace without launch calls. Decompressed files under
     `min_bytes` are left to one process."""
-    import threading
-
     from scalelab.trace import load
-    from scalelab.trace.columns import merge
 
-    if not available() or threading.active_count() != 1:
+    if not available() or not _single_threaded():
         return None
     data = load.read_bytes(path)
     load.remember(path, data)  # for the caller, if it must read the file after all
@@ -139,13 +137,18 @@ def gather_in_two(
     theirs = _receive(pid, read_end)
     if mine is None or theirs is None:
         return None
-    from scalelab.trace.columns import Columns
+    from scalelab.trace.columns import Columns, merge
 
     merged = merge(mine[0], Columns.from_tuple(theirs[0]))
     if not (merged.n_kernels or merged.copy_names) or not merged.runtime_corr:
         return None  # a CPU trace, or one without launch calls: the whole path decides
     load.forget(path)
     return merged, {**theirs[1], **mine[1]}
+
+
+def _single_threaded() -> bool:
+    threading = sys.modules.get("threading")  # never imported: no thread was ever started
+    return threading is None or threading.active_count() == 1
 
 
 def _gather_part(path: Path, blob: bytes) -> tuple[Any, dict[str, Any]] | None:
