@@ -107,6 +107,8 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     import threading
 
     global _prefetch_thread
+    if _prefetch_thread is not None:  # one at a time: the next read takes the pending one
+        return
 
     def work() -> None:
         try:
