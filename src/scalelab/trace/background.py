@@ -1,13 +1,17 @@
-"""The `scalelab trace` command's head start: the first trace file is read, decompressed, decoded
-and gathered into columns (`columns.gather`, plain Python) in a forked process while the command
-itself imports numpy and the analysis, the longest part of its start-up.
+"""Decoding in other processes, for speed; the answers are the same lists either way.
 
-The child sends the columns back through a pipe with `marshal` (plain values only) and exits; the
-command's `analyze` takes them (`take`) instead of reading the file. Anything unusual (a CPU
-trace, a trace the typed decoder cannot read, a bad file, a child that died) sends nothing, and
-the file is read in the command's own process as usual, which reports any error as it always
-does. Used by the console command only (a process that ends after one analysis), where `os.fork`
-exists and before any thread is started; the library never forks.
+* The `scalelab trace` command's head start (`start`, `take`): the first trace file is read,
+  decompressed, decoded and gathered into columns (`columns.gather`, plain Python) in a forked
+  child while the command itself imports numpy and the analysis, the longest part of its
+  start-up. Used by the console command only (a process that ends after one analysis, before any
+  thread is started).
+* Two processes on one large file (`gather_in_two`): each decodes half of its events, for the
+  library call (`analyze(..., workers=2)`, the default on two cores or more) and the command.
+
+A child sends its columns back through a pipe with `marshal` (plain values only) and exits with
+`os._exit`. Anything unusual (a CPU trace, a trace the typed decoder cannot read, a bad file, a
+child that died) sends nothing, and the file is read in the calling process as usual, which
+reports any error as it always does.
 """
 
 from __future__ import annotations
