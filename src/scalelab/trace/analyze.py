@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,9 +49,9 @@ def analyze(
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
     `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
-    `workers`: processes that decode one large file (default: 2 where the machine has two
-    cores or more; see `background.gather_in_two`, which says when it applies); results are the
-    same with any number.
+    `workers`: processes that decode one large file (default: 2 where a second core is free
+    now, `background.spare_core`; see `background.gather_in_two`, which says when it applies);
+    results are the same with any number.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
@@ -207,7 +206,7 @@ def _read(
     together, stand in for parsing it here in one."""
     gathered = background.take(path) if parser == "auto" else None
     if workers is None:
-        workers = 2 if (os.cpu_count() or 1) > 1 else 1
+        workers = 2 if background.spare_core() else 1
     if gathered is None and parser == "auto" and workers > 1:
         gathered = background.gather_in_two(path)
     if gathered is not None:

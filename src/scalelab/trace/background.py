@@ -69,7 +69,7 @@ def _gather(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     from scalelab.trace.load import read_trace
 
     gc.disable()
-    two = gather_in_two(path, min_bytes=COMMAND_SPLIT_MIN_BYTES)
+    two = gather_in_two(path, min_bytes=COMMAND_SPLIT_MIN_BYTES) if spare_core() else None
     if two is not None:
         return two[0].to_tuple(), two[1]
     raw = read_trace(path)
@@ -148,6 +148,18 @@ def gather_in_two(
         return None  # a CPU trace, or one without launch calls: the whole path decides
     load.forget(path)
     return merged, {**theirs[1], **mine[1]}
+
+
+def spare_core() -> bool:
+    """Whether a second process would find a core of its own now: more than one core, and a
+    1-minute load average (this process included) at least half a core below their number. On
+    a machine whose cores are all busy, two processes take longer than one."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this system: trust the core count
+        return cores > 1
+    return cores > 1 and load < cores - 0.5
 
 
 def _single_threaded() -> bool:
