@@ -77,13 +77,13 @@ def make_traces(folder: Path, n_events: int, n_ranks: int) -> tuple[list[Path], 
 
 
 def time_scalelab(
-    files: list[Path], repeat: int, parser: Parser = "auto"
+    files: list[Path], repeat: int, parser: Parser = "auto", workers: int | None = None
 ) -> tuple[float, dict[str, float | None]]:
     best = float("inf")
     overlap: dict[str, float | None] = {}
     for _ in range(repeat):
         t0 = time.perf_counter()
-        report = analyze(files, parser=parser)
+        report = analyze(files, parser=parser, workers=workers)
         best = min(best, time.perf_counter() - t0)
         overlap = {
             str(r.rank): None if r.total.overlap_pct is None else round(r.total.overlap_pct, 2)
@@ -178,7 +178,9 @@ def compare_real(
 ) -> None:
     """Both tools, file by file, on real traces (HTA reads a folder: one temporary folder each).
 
-    Columns: scalelab's library call (`analyze`, best of --repeat), the `scalelab trace FILE`
+    Columns: scalelab's library call (`analyze`, best of --repeat; as it runs by default, which
+    decodes a large file in two processes on a machine with two cores or more, and in one
+    process, `workers=1`), the `scalelab trace FILE`
     command (a new process each time, best of --repeat), HTA's library call
     (`get_comm_comp_overlap`, parse + analysis, imports excluded, best of --hta-repeat) and a
     whole HTA process (one run). Ratios: HTA's library call over scalelab's library call, and
@@ -192,12 +194,14 @@ def compare_real(
         f"with more than {min_events:,} events"
     )
     header = (
-        f"{'file':30} {'events':>8} {'lib s':>7} {'cmd s':>7} {'HTA s':>7} {'HTA proc s':>10} "
-        f"{'lib x':>6} {'cmd x':>6} {'cmd x proc':>10} {'overlap %':>9} {'HTA %':>7}"
+        f"{'file':30} {'events':>8} {'lib s':>7} {'lib1 s':>7} {'cmd s':>7} {'HTA s':>7} "
+        f"{'HTA proc s':>10} {'lib x':>6} {'lib1 x':>6} {'cmd x':>6} {'cmd x proc':>10} "
+        f"{'overlap %':>9} {'HTA %':>7}"
     )
     print(header)
     for path in sorted(folder.glob(pattern)):
         seconds, overlap = time_scalelab([path], repeat)
+        one_process_s, _ = time_scalelab([path], repeat, workers=1)
         command_s = time_command(path, repeat, env)
         report = analyze(path)
         (pct,) = overlap.values()
@@ -218,8 +222,9 @@ def compare_real(
         mark = "*" if n_events > min_events else " "
         print(
             f"{mark}{path.name.removesuffix('.json.gz'):29} {n_events:>8,} {seconds:>7.3f} "
-            f"{command_s:>7.3f} {hta_s:>7.2f} {hta_proc:>10.2f} {hta_s / seconds:>6.1f} "
-            f"{hta_s / command_s:>6.1f} {hta_proc / command_s:>10.1f} "
+            f"{one_process_s:>7.3f} {command_s:>7.3f} {hta_s:>7.2f} {hta_proc:>10.2f} "
+            f"{hta_s / seconds:>6.1f} {hta_s / one_process_s:>6.1f} {hta_s / command_s:>6.1f} "
+            f"{hta_proc / command_s:>10.1f} "
             f"{'—' if pct is None else pct:>9} {hta_pct:>7}",
             flush=True,
         )

@@ -103,8 +103,17 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in _OWN_PARSER:
         from importlib import import_module
 
+        # The console entry point (argv None) is a process of its own that ends here: it leaves
+        # with os._exit once its output is flushed, skipping the interpreter's teardown (freeing
+        # every module and object, ~10 % of a small trace's command). A call with argv (tests,
+        # scripts) returns as usual. The cyclic collector has nothing to find in a short run.
+        exits = argv is None
+        if exits:
+            import gc
+
+            gc.disable()
         try:
-            code = import_module(_OWN_PARSER[args[0]]).run(args[1:])
+            code = import_module(_OWN_PARSER[args[0]]).run(args[1:], exits=exits)
         except InputError as exc:
             _user_error(str(exc))
         except OSError as exc:
@@ -116,10 +125,24 @@ def main(argv: list[str] | None = None) -> None:
             if isinstance(exc, _more_parse_errors()):
                 _parse_error(exc)
             raise
+        if exits:
+            _exit_now(code)
         if code:
             raise SystemExit(code)
         return
     _typer_main(args)
+
+
+def _exit_now(code: int) -> None:
+    """Flush the output and end the process without the interpreter's teardown."""
+    import os
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe or stream: leave the usual way, which reports it
+        return
+    os._exit(code)
 
 
 def _typer_main(args: list[str]) -> None:

@@ -121,12 +121,25 @@ def _diff_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: Sequence[str]) -> int:
-    """`scalelab trace ...` (argv after the verb); returns the exit code."""
+def run(args: Sequence[str], *, exits: bool = False) -> int:
+    """`scalelab trace ...` (argv after the verb); returns the exit code.
+
+    `exits`: the process ends right after (the console entry point): the parsed traces are not
+    freed (`load.keep_parsed`), the process's exit does it at once.
+    """
     args = list(args)
     if args and args[0] == "diff" and not Path("diff").exists():
         return _run_diff(_diff_parser().parse_args(args[1:]))
     opts = _parser().parse_args(args)
+    from scalelab.trace import load
+
+    # A head start on the first file beside the imports of numpy and the analysis: a command
+    # (a process of its own, `exits`) reads, decodes and gathers it in a forked child
+    # (`background`); otherwise a thread reads and decompresses it (which releases the GIL).
+    if exits:
+        load.keep_parsed = []
+    if not (exits and opts.parser == "auto" and _start_background(opts.paths)):
+        load.prefetch(opts.paths)
     from scalelab.trace import analyze
 
     report = analyze(
@@ -160,6 +173,12 @@ def run(args: Sequence[str]) -> int:
         out.line(f"wrote {path}")
     out.flush()
     return 0
+
+
+def _start_background(paths: list[Path]) -> bool:
+    from scalelab.trace import background
+
+    return background.start(paths)
 
 
 def _run_diff(opts: argparse.Namespace) -> int:

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scalelab.errors import InputError
+from scalelab.trace import background, load
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
-from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.intervals import Int64Array, IntervalSet, distinct
 from scalelab.trace.kernels import kernel_report
-from scalelab.trace.load import Parser, find_trace_files, read_trace
+from scalelab.trace.load import Parser, RawTrace, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
     CollectiveStats,
@@ -37,6 +38,7 @@ def analyze(
     keep_intervals: bool = False,
     parser: Parser = "auto",
     skip_bad: bool = False,
+    workers: int | None = None,
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
@@ -47,6 +49,9 @@ def analyze(
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
     `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
+    `workers`: processes that decode one large file (default: 2 where a second core is free
+    now, `background.spare_core`; see `background.gather_in_two`, which says when it applies);
+    results are the same with any number.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
@@ -54,7 +59,9 @@ def analyze(
     bad: list[tuple[Path, InputError]] = []
     for f in files:
         try:
-            ranks.append(analyze_file(f, keep_intervals=keep_intervals, parser=parser))
+            ranks.append(
+                analyze_file(f, keep_intervals=keep_intervals, parser=parser, workers=workers)
+            )
         except InputError as exc:
             bad.append((f, exc))
     if bad and (not skip_bad or not ranks):
@@ -107,23 +114,20 @@ def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
 
 
 def analyze_file(
-    path: str | Path, *, keep_intervals: bool = False, parser: Parser = "auto"
+    path: str | Path,
+    *,
+    keep_intervals: bool = False,
+    parser: Parser = "auto",
+    workers: int | None = None,
 ) -> RankReport:
-    """Analyse one trace file."""
+    """Analyse one trace file (`workers`: see `analyze`)."""
     # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
     # would rescan them again and again while they are made (3-4x slower), and they hold no
     # cycles, so it is paused while the file is parsed and its events are extracted.
     paused = gc.isenabled()
     gc.disable()
     try:
-        raw = read_trace(path, parser=parser)
-        try:
-            timeline = extract(raw)
-        except NeedsGeneralParserError:
-            raw = read_trace(path, parser="general")
-            timeline = extract(raw)
-        rank, world_size = raw.rank, raw.world_size
-        del raw  # the parsed events are by far the largest object: free them before measuring
+        timeline, rank, world_size = _read(Path(path), parser, workers)
     finally:
         if paused:
             gc.enable()
@@ -194,6 +198,39 @@ def analyze_file(
     )
 
 
+def _read(
+    path: Path, parser: Parser, workers: int | None
+) -> tuple[Timeline, int | None, int | None]:
+    """Parse and extract one file: its timeline, rank and world size. The columns a forked child
+    gathered for it (the command's head start, `background`), or two processes gathered
+    together, stand in for parsing it here in one."""
+    gathered = background.take(path) if parser == "auto" else None
+    if workers is None:
+        workers = 2 if background.spare_core() else 1
+    if gathered is None and parser == "auto" and workers > 1:
+        gathered = background.gather_in_two(path)
+    if gathered is not None:
+        values, metadata = gathered
+        try:
+            timeline = extract(values)
+        except NeedsGeneralParserError:
+            pass
+        else:
+            meta = RawTrace(path, [], metadata)
+            return timeline, meta.rank, meta.world_size
+    raw = read_trace(path, parser=parser)
+    try:
+        timeline = extract(raw)
+    except NeedsGeneralParserError:
+        raw = read_trace(path, parser="general")
+        timeline = extract(raw)
+    rank, world_size = raw.rank, raw.world_size
+    if load.keep_parsed is not None:  # a command about to exit: not worth freeing
+        load.keep_parsed.append(raw)
+    del raw  # the parsed events are by far the largest object: free them before measuring
+    return timeline, rank, world_size
+
+
 def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
     """Device events whose launch call is not in the trace (the host launched them before the
     profiler started) and that start before the first step: work of earlier steps."""
@@ -222,7 +259,7 @@ class _Sets:
     @classmethod
     def of(cls, t: Timeline) -> _Sets:
         collectives = []
-        for code in np.unique(t.comm_collective).tolist():
+        for code in distinct(t.comm_collective).tolist():
             mine = t.comm_collective == code
             union = IntervalSet.union_of(t.comm_start_ns[mine], t.comm_end_ns[mine])
             collectives.append(

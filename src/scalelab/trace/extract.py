@@ -1,8 +1,9 @@
 """Turn a parsed trace into columnar numpy arrays of the activity the analysis needs.
 
-One pass over the events in Python sorts out device activity, launch calls, profiler steps and
-collective annotations (CPU traces take a second pass for host operators); fields are then pulled
-out with C-level iteration and everything after that is numpy.
+`columns.gather` (plain Python, no numpy) sorts out device activity, launch calls, profiler steps
+and collective annotations in one pass over the events and pulls their fields out as lists, with
+C-level iteration (CPU traces take a second pass for host operators); everything after that is
+numpy, here.
 Timestamps become integer nanoseconds (start = round(ts * 1000), end = start + round(dur * 1000)):
 traces write microseconds with up to three decimals (recent PyTorch and ROCm write nanosecond
 resolution), so nothing is lost, and integer arithmetic keeps every later sum exact.
@@ -20,16 +21,21 @@ Two kinds of trace come out of it:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import attrgetter, getitem, itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from scalelab.errors import InputError
 from scalelab.trace import classify
+from scalelab.trace.columns import (
+    Columns,
+    Numbers,
+    comm_meta,
+    gather,
+    refuse,
+    unmodelled_device,
+)
 from scalelab.trace.intervals import Int64Array, IntervalSet
 from scalelab.trace.load import RawTrace
 
@@ -103,7 +109,10 @@ class CommDetail:
 
     @classmethod
     def of(cls, args: list[Any]) -> CommDetail:
-        rows = [_comm_meta(a) for a in args]
+        return cls.of_rows([comm_meta(a) for a in args])
+
+    @classmethod
+    def of_rows(cls, rows: list[tuple[str, int, int, int, str]]) -> CommDetail:
         return cls(
             tuple(r[0] for r in rows),
             np.asarray([r[1] for r in rows], dtype=np.int64).reshape(-1),
@@ -113,250 +122,78 @@ class CommDetail:
         )
 
 
-# Bytes per element of PyTorch's dtype names as record_param_comms writes them.
-DTYPE_BYTES: dict[str, int] = {
-    "Double": 8,
-    "Float": 4,
-    "Half": 2,
-    "BFloat16": 2,
-    "Long": 8,
-    "Int": 4,
-    "Short": 2,
-    "Char": 1,
-    "Byte": 1,
-    "Bool": 1,
-    "ComplexFloat": 8,
-    "ComplexDouble": 16,
-    "Float8_e4m3fn": 1,
-    "Float8_e5m2": 1,
-    "Float8_e4m3fnuz": 1,
-    "Float8_e5m2fnuz": 1,
-    "UInt16": 2,
-    "UInt32": 4,
-    "UInt64": 8,
-}
-
-
-def _int_or(value: Any, default: int = -1) -> int:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return default
-
-
-_NO_META = ("", -1, -1, -1, "")
-
-
-def _comm_meta(args: Any) -> tuple[str, int, int, int, str]:
-    """(group, seq, bytes, group size, dtype) from one event's args (dict or typed)."""
-    if args is None:
-        return "", -1, -1, -1, ""
-    if isinstance(args, dict):
-        values = [
-            args.get(k)
-            for k in ("Process Group Name", "Seq", "In msg nelems", "Out msg nelems", "Group size")
-        ]
-        dtype = args.get("dtype")
-    else:
-        values = [args.pg_name, args.seq, args.in_nelems, args.out_nelems, args.group_size]
-        dtype = args.dtype
-    group, seq, n_in, n_out, size = values
-    if group is None and seq is None and n_in is None and n_out is None and size is None:
-        return _NO_META
-    dtype = dtype if isinstance(dtype, str) else ""
-    elements = max(_int_or(n_in), _int_or(n_out))
-    width = DTYPE_BYTES.get(dtype, 0)
-    nbytes = elements * width if elements >= 0 and width else -1
-    return (str(group) if group is not None else "", _int_or(seq), nbytes, _int_or(size), dtype)
-
-
 class NeedsGeneralParserError(Exception):
     """The typed fast-path events cannot express this trace (a CPU trace, or fields of unexpected
     types): re-read it with `read_trace(path, parser="general")`."""
 
 
-def extract(raw: RawTrace) -> Timeline:
-    """Classify the events of one parsed trace; an InputError if it has no activity, and
-    NeedsGeneralParserError if typed events do not suffice (see there)."""
+def extract(raw: RawTrace | Columns) -> Timeline:
+    """Classify the events of one parsed trace (or its columns, gathered elsewhere: see
+    `columns`); an InputError if it has no activity, and NeedsGeneralParserError if typed events
+    do not suffice (see there)."""
     try:
+        if isinstance(raw, Columns):
+            return _gpu_timeline(raw)
         return _extract(raw)
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, InputError):
             raise
         if raw.typed:
             raise NeedsGeneralParserError(str(exc)) from None
+        assert isinstance(raw, RawTrace)  # columns are only ever gathered from typed events
         raise _locate_bad_event(raw, exc) from None
 
 
-_Buckets = tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]
-
-
-def _buckets(events: list[Any], typed: bool, named_prefixes: tuple[str, ...]) -> _Buckets:
-    """Sort events into kernels, copies, launch calls, device annotations and named host events
-    (profiler steps, host collectives): one Python pass with a dict lookup per event (measured
-    faster than numpy over category codes plus gathers), then a cheap name test on the rest.
-
-    Kineto writes device events and launch calls as complete 'X' events only, so the category
-    alone decides; named events are those of other categories whose name starts with a prefix.
-    """
-    buckets: list[list[Any]] = [[], [], [], [], [], []]
-    appends = [b.append for b in buckets]
-    code = _CATEGORY_CODE.get
-    if typed:
-        for ev in events:
-            appends[code(ev.cat, 0)](ev)
-    else:
-        for ev in events:
-            appends[code(ev.get("cat"), 0)](ev)
-    others = buckets[0]
-    if typed:
-        names: list[Any] = list(map(attrgetter("name"), others))
-    else:
-        names = list(map(dict.get, others, repeat("name")))
-    # A cheap first test on the names' first five characters (all prefixes' heads are distinct
-    # at five), then the exact one on the few that pass.
-    heads = {p[:5] for p in named_prefixes}
-    try:
-        flags = list(map(heads.__contains__, map(getitem, names, repeat(_HEAD))))
-    except TypeError:  # a name that is not a string (None, a number): the slow way
-        flags = [n.__class__ is str and n[:5] in heads for n in names]
-    named = [
-        ev
-        for ev, n in zip(compress(others, flags), compress(names, flags), strict=True)
-        if n.startswith(named_prefixes)
-    ]
-    return buckets[1], buckets[2], buckets[3], buckets[4], named
-
-
-_HEAD = slice(0, 5)
-
-
-_CATEGORY_CODE: dict[Any, int] = {
-    **dict.fromkeys(classify.KERNEL_CATEGORIES, 1),
-    **dict.fromkeys(classify.COPY_CATEGORIES, 2),
-    **dict.fromkeys(classify.RUNTIME_CATEGORIES, 3),
-    classify.GPU_ANNOTATION_CATEGORY: 4,
-    # Flow and instant events, never a profiler step or a collective annotation: skipped (5).
-    **dict.fromkeys(("ac2g", "async_cpu_to_gpu", "cpu_instant_event", "fwdbwd", "Trace"), 5),
-    "\0skipped": 5,  # schema.SKIPPED_CATEGORY: events of phases the typed decoder skips
-}
-
-
-_DEVICE_OR_LAUNCH = (
-    classify.KERNEL_CATEGORIES | classify.COPY_CATEGORIES | classify.RUNTIME_CATEGORIES
-)
-
-
 def _extract(raw: RawTrace) -> Timeline:
-    events = raw.events
-    n_events = len(events)
-    named_prefixes = (
-        classify.PROFILER_STEP_PREFIX,
-        *classify.HOST_COLLECTIVE_PREFIXES,
-        *classify.CPU_COLLECTIVE_PREFIXES,
+    found = gather(raw)
+    if isinstance(found, Columns):
+        return _gpu_timeline(found)
+    step_numbers, step_start, step_end = _steps(found.steps)
+    raw = found.raw
+    refuse(raw.path, unmodelled_device(raw))
+    return _cpu_timeline(
+        raw, found.n_events, found.cpu_colls, found.step_lanes, step_numbers, step_start, step_end
     )
 
-    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
-    get: Callable[..., Callable[[Any], Any]]
-    kernels, copies, runtime, annotations, named = _buckets(events, raw.typed, named_prefixes)
-    if raw.typed:
-        from scalelab.trace import schema
 
-        if not kernels and not copies:  # a CPU trace: its few host events, as dicts
-            raw = RawTrace(
-                raw.path,
-                [schema.as_dict(ev) for ev in events if ev.__class__ is schema.Event],
-                raw.metadata,
-            )
-            events = raw.events
-            named = [ev for ev in events if ev.get("name", "").startswith(named_prefixes)]
-        else:
-            named = [schema.host_dict(ev) for ev in named]
-        get = attrgetter
-    else:
-        get = itemgetter
-
-    named = [ev for ev in named if ev.get("ph") == "X"]
-    steps = [
-        (ev["name"], ev["ts"], ev.get("dur", 0))
-        for ev in named
-        if ev["name"].startswith(classify.PROFILER_STEP_PREFIX) and ev.get("cat") != gpu_annotation
-    ]
-    host_colls = [
-        (ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
-        for ev in named
-        if ev["name"].startswith(classify.HOST_COLLECTIVE_PREFIXES)
-        and ev.get("cat") != gpu_annotation
-    ]
-    cpu_colls = [
-        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
-        for ev in named
-        if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
-    ]
-    step_numbers, step_start, step_end = _steps(steps)
-    if (not kernels and not copies) or not runtime:
-        _refuse_unmodelled_device(raw)
-    if not kernels and not copies:
-        step_lanes = {
-            (ev.get("pid"), ev.get("tid"))
-            for ev in named
-            if ev["name"].startswith(classify.PROFILER_STEP_PREFIX)
-        }
-        return _cpu_timeline(
-            raw, n_events, cpu_colls, step_lanes, step_numbers, step_start, step_end
-        )
-
-    device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
-    start, end = _ns_times(_numbers(device, "ts", get), _numbers(device, "dur", get))
-    names = _column(kernels, "name", "", get)
-    copy_names = _column(copies, "name", "", get)
+def _gpu_timeline(c: Columns) -> Timeline:
+    """The numpy half of a GPU trace's extraction, from its columns."""
+    step_numbers, step_start, step_end = _steps(c.steps)
+    refuse(c.path, c.refusal)
+    n_device = len(c.kernel_names) + len(c.copy_names)
+    start, end = _ns_times(_floats(c.device_ts, c.typed), _floats(c.device_dur, c.typed))
+    names, copy_names = c.kernel_names, c.copy_names
     # Distinct names, kernels' first, in order of appearance (dict.fromkeys: at C level).
     kernel_names = dict.fromkeys(names)
-    n_kernel_names = len(kernel_names)
     name_index = {n: i for i, n in enumerate({**kernel_names, **dict.fromkeys(copy_names)})}
-    name_id = np.fromiter(map(name_index.__getitem__, names + copy_names), np.int32, len(device))
+    name_id = np.fromiter(map(name_index.__getitem__, names + copy_names), np.int32, n_device)
     distinct = [str(n) if n is not None else "" for n in name_index]
-    kind_of_name = np.fromiter(  # kernels are classified by name, once per distinct name
-        (
-            classify.COMM if i < n_kernel_names and classify.is_comm_kernel(n) else classify.COMPUTE
-            for i, n in enumerate(distinct)
-        ),
-        np.int8,
-        len(distinct),
-    )
-    kind = np.full(len(device), classify.COPY, dtype=np.int8)
-    kind[: len(kernels)] = kind_of_name[name_id[: len(kernels)]]
-    comm_idx = np.flatnonzero(kind == classify.COMM)
+    kind = np.full(n_device, classify.COPY, dtype=np.int8)
+    kind[: c.n_kernels] = classify.COMPUTE
+    comm_idx = np.asarray(c.comm_rows, dtype=np.int64).reshape(-1)
+    kind[comm_idx] = classify.COMM
 
-    rt_ts = _numbers(runtime, "ts", get)
-    launch_ts, launch_row = _launch_calls(
-        _correlations(device, get), _correlations(runtime, get), rt_ts
-    )
+    rt_ts = _floats(c.runtime_ts, c.typed)
+    launch_ts, launch_row = _launch_calls(_ints(c.device_corr), _ints(c.runtime_corr), rt_ts)
     linked = launch_row >= 0
-    launch_start = np.full(len(device), -1, dtype=np.int64)
+    launch_start = np.full(n_device, -1, dtype=np.int64)
     launch_end = launch_start.copy()
     if linked.any():
-        rt_start, rt_end = _ns_times(rt_ts, _numbers(runtime, "dur", get))
+        rt_start, rt_end = _ns_times(rt_ts, _floats(c.runtime_dur, c.typed))
         launch_start[linked] = rt_start[launch_row[linked]]
         launch_end[linked] = rt_end[launch_row[linked]]
-    lane, lane_labels = _lanes(device, get)
+    lane, lane_labels = _lanes(c.device_pid, c.device_tid)
     ann_start, ann_end = _ns_times(
-        _numbers(annotations, "ts", get), _numbers(annotations, "dur", get)
+        _floats(c.annotation_ts, c.typed), _floats(c.annotation_dur, c.typed)
     )
-    comm_list = comm_idx.tolist()
-    comm_tids = [
-        _field(runtime[r], "tid") if r >= 0 else None for r in launch_row[comm_idx].tolist()
-    ]
-    comm_args = [_field(device[i], "args") for i in comm_list]
+    runtime_tid = c.runtime_tid
+    comm_tids = [runtime_tid[r] if r >= 0 else None for r in launch_row[comm_idx].tolist()]
     collectives = _device_collectives(
-        [str(names[i]) for i in comm_list],
-        [_collective_arg(a) for a in comm_args],
+        [str(names[i]) for i in c.comm_rows],
+        c.comm_labels,
         launch_ts[comm_idx],
         comm_tids,
-        host_colls,
+        c.host_colls,
     )
     is_compute = kind == classify.COMPUTE
     is_copy = kind == classify.COPY
@@ -377,7 +214,7 @@ def _extract(raw: RawTrace) -> Timeline:
         step_numbers=step_numbers,
         step_start_ns=step_start,
         step_end_ns=step_end,
-        n_events=n_events,
+        n_events=c.n_events,
         n_lanes=len(lane_labels),
         notes=tuple(notes),
         device=DeviceDetail(
@@ -390,42 +227,42 @@ def _extract(raw: RawTrace) -> Timeline:
             launch_end_ns=launch_end,
             annotation_start_ns=ann_start,
             annotation_end_ns=ann_end,
-            annotation_names=tuple(str(n) for n in _column(annotations, "name", "", get)),
+            annotation_names=tuple(str(n) for n in c.annotation_names),
         ),
-        comm_detail=CommDetail.of(comm_args),
+        comm_detail=CommDetail.of_rows(c.comm_meta),
     )
 
 
-# Field access works on both kinds of event: dicts (general parser) and typed structs (fast path).
-# The column helpers take `get` = itemgetter or attrgetter and run at C level; a dict that lacks a
-# key falls back to a per-event `.get`.
+def _floats(column: Numbers, typed: bool) -> NDArray[np.float64]:
+    """A numeric column as float64 (NaN where absent)."""
+    values, lenient = column
+    if lenient:  # some event lacks the field: NaN there
+        return np.asarray(values, dtype=np.float64)
+    if not typed and bool in set(map(type, values)):  # parsed JSON: true would read as 1
+        raise ValueError("a number is true or false")
+    return np.fromiter(values, np.float64, len(values))
 
 
-def _field(ev: Any, key: str) -> Any:
-    return ev.get(key) if isinstance(ev, dict) else getattr(ev, key, None)
+def _ints(values: list[Any]) -> Int64Array:
+    """Correlation ids as int64, -1 where absent or not an integer."""
+    try:
+        return np.fromiter(values, np.int64, len(values))
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray(
+            [v if isinstance(v, int) and not isinstance(v, bool) else -1 for v in values],
+            dtype=np.int64,
+        )
 
 
-def _collective_arg(args: Any) -> str | None:
-    """The `Collective name` arg (recent PyTorch writes it on NCCL kernels)."""
-    label = (
-        args.get("Collective name")
-        if isinstance(args, dict)
-        else getattr(args, "collective_name", None)
-    )
-    return label if isinstance(label, str) else None
-
-
-def _lanes(
-    device: list[Any], get: Callable[..., Callable[[Any], Any]]
-) -> tuple[Int64Array, tuple[str, ...]]:
+def _lanes(pids: list[Any], tids: list[Any]) -> tuple[Int64Array, tuple[str, ...]]:
     """Each device event's (device, stream) lane as a dense index, and the lanes' labels: Kineto
     writes a device event's pid = device, tid = stream."""
     try:
-        pid = np.fromiter(map(get("pid"), device), np.int64, len(device))
-        tid = np.fromiter(map(get("tid"), device), np.int64, len(device))
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
-        keys = [(_field(ev, "pid"), _field(ev, "tid")) for ev in device]
+        pid = np.fromiter(pids, np.int64, len(pids))
+        tid = np.fromiter(tids, np.int64, len(tids))
+    except (TypeError, ValueError, OverflowError):
         index: dict[Any, int] = {}
+        keys = list(zip(pids, tids, strict=True))
         lane = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
         return lane, tuple(f"{p}/{t}" for p, t in index)
     if pid.size and (pid.min() < 0 or pid.max() >= 2**31 or tid.min() < 0 or tid.max() >= 2**32):
@@ -437,74 +274,6 @@ def _lanes(
         f"{p}/{t}" for p, t in zip(pid[first].tolist(), tid[first].tolist(), strict=True)
     )
     return lane.reshape(-1).astype(np.int64), labels
-
-
-# Kineto categories of device types the analyser does not model (their kernels, copies and
-# launch calls are not CUDA's or ROCm's, so compute and communication cannot be told apart).
-_UNMODELLED_DEVICE_CATEGORIES = {
-    "mtia_runtime": "MTIA",
-    "mtia_ccp_events": "MTIA",
-    "mtia_insight": "MTIA",
-    "xpu_runtime": "XPU",
-    "xpu_driver": "XPU",
-    "hpu_op": "HPU",
-    "hpu_runtime": "HPU",
-    "privateuse1_runtime": "a PrivateUse1 device",
-    "privateuse1_driver": "a PrivateUse1 device",
-}
-
-
-def _refuse_unmodelled_device(raw: RawTrace) -> None:
-    """An InputError for a trace of a device type the analyser does not model, rather than reading
-    it as a CPU trace (checked only for traces without CUDA/ROCm kernels or launch calls)."""
-    seen = {_field(ev, "cat") for ev in raw.events}
-    for cat, device in _UNMODELLED_DEVICE_CATEGORIES.items():
-        if cat in seen:
-            raise InputError(
-                f"{raw.path}: traceEvents",
-                f"a trace of {device} devices ('{cat}' events): scalelab trace models CUDA and "
-                "ROCm GPU traces and CPU (gloo) traces only",
-            )
-
-
-def _column(
-    events: list[Any], key: str, default: Any, get: Callable[..., Callable[[Any], Any]]
-) -> list[Any]:
-    """One field of every event; the C-level fast path unless some event lacks it."""
-    try:
-        return list(map(get(key), events))
-    except KeyError:
-        return [ev.get(key, default) for ev in events]
-
-
-def _numbers(
-    events: list[Any], key: str, get: Callable[..., Callable[[Any], Any]]
-) -> NDArray[np.float64]:
-    """A numeric field as float64 (NaN where absent); a required `ts` raises KeyError if absent."""
-    try:
-        if events and type(events[0]) is dict:  # parsed JSON: a boolean would read as 0 or 1
-            values = list(map(get(key), events))
-            if bool in set(map(type, values)):
-                raise ValueError(f"a '{key}' is true or false, not a number")
-            return np.fromiter(values, np.float64, len(values))
-        return np.fromiter(map(get(key), events), np.float64, len(events))
-    except KeyError:
-        if key == "ts":
-            raise
-        return np.asarray([ev.get(key, np.nan) for ev in events], dtype=np.float64)
-
-
-def _correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -> Int64Array:
-    """`args.correlation` of every event, -1 where absent or not an integer."""
-    try:
-        return np.fromiter(map(get("correlation"), map(get("args"), events)), np.int64, len(events))
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
-        values = []
-        for ev in events:
-            args = _field(ev, "args")
-            value = _field(args, "correlation") if args is not None else None
-            values.append(value if isinstance(value, int) and not isinstance(value, bool) else -1)
-        return np.asarray(values, dtype=np.int64)
 
 
 def _cpu_timeline(

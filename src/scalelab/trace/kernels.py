@@ -25,7 +25,7 @@ import numpy as np
 
 from scalelab.trace import classify
 from scalelab.trace.extract import Timeline
-from scalelab.trace.intervals import Int64Array, IntervalSet
+from scalelab.trace.intervals import Int64Array, IntervalSet, distinct, percentile
 
 KERNEL_WAIT_NS = 30  # HTA's consecutive_kernel_delay default
 SHORT_KERNEL_RUNTIME_CUTOFF_NS = 50_000  # HTA's runtime_cutoff default (50 µs)
@@ -210,7 +210,7 @@ def kernel_report(
         mine = event_class == ci
         if not mine.any():
             continue
-        ids = np.unique(d.name_id[mine])
+        ids = distinct(d.name_id[mine])
         times = by_name_time[ids]
         top = ids[np.argsort(-times, kind="stable")[:TOP_KERNELS]]
         total = int(dur[mine].sum())
@@ -356,7 +356,7 @@ def _launch_stats(t: Timeline) -> LaunchStats:
         unlinked=int(is_kernel.sum()) - n_linked,
         delay_mean_ns=float(delay.mean()),
         delay_median_ns=float(np.median(delay)),
-        delay_p95_ns=float(np.percentile(delay, 95)),
+        delay_p95_ns=percentile(delay, 95),
         delay_max_ns=int(delay.max()),
         launch_mean_ns=float(cpu.mean()),
         short_kernels=int(short.sum()),

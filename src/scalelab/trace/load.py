@@ -86,6 +86,67 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
+# A command's start-up overlap (`prefetch`): the first file's bytes, read and decompressed in a
+# background thread while the main thread imports numpy and the analysis; taken by `read_trace`.
+_prefetch_thread: Any = None
+_prefetched: dict[str, bytes] = {}
+
+# Where `analyze_file` leaves each parsed trace instead of freeing it, when not None: a command
+# that exits right after (os._exit) need not spend time freeing a million objects.
+keep_parsed: list[Any] | None = None
+
+
+def prefetch(paths: Iterable[str | Path]) -> None:
+    """Start reading and decompressing the first trace file of `paths` in a background thread.
+
+    Decompression releases the GIL, so it runs beside the imports that follow (numpy's is the
+    longest). Only the first file: the overlap is with start-up, which is over after one file,
+    and a folder of many ranks would otherwise hold them all in memory. Any failure is left for
+    `read_trace` to meet and report as usual.
+    """
+    import threading
+
+    global _prefetch_thread
+    if _prefetch_thread is not None:  # one at a time: the next read takes the pending one
+        return
+
+    def work() -> None:
+        try:
+            first = find_trace_files(paths)[0]
+            _prefetched[str(first)] = _read_bytes(first)
+        except Exception:  # read_trace reads it again and says what is wrong
+            pass
+
+    _prefetch_thread = threading.Thread(target=work, name="scalelab-trace-prefetch", daemon=True)
+    _prefetch_thread.start()
+
+
+def remember(path: Path, data: bytes) -> None:
+    """Keep a file's bytes for the next `read_trace` of it (which takes them)."""
+    _prefetched[str(path)] = data
+
+
+def forget(path: Path) -> None:
+    _prefetched.pop(str(path), None)
+
+
+def read_bytes(path: Path) -> bytes:
+    """A trace file's bytes, decompressed (or those prefetched or remembered for it)."""
+    data = _take_prefetched(path)
+    return _read_bytes(path) if data is None else data
+
+
+def _take_prefetched(path: Path) -> bytes | None:
+    global _prefetch_thread
+    if _prefetch_thread is None:
+        return _prefetched.pop(str(path), None)
+    _prefetch_thread.join()
+    _prefetch_thread = None
+    data = _prefetched.pop(str(path), None)
+    _prefetched.clear()
+    return data
+
+
 def typed_parser_available() -> bool:
     """Whether the msgspec fast path is installed."""
     return _schema is not None
@@ -99,7 +160,7 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     `general` always uses orjson.
     """
     path = Path(path)
-    data = _read_bytes(path)
+    data = read_bytes(path)
     if parser == "auto" and _schema is not None:
         try:
             events, metadata = _schema.decode(data)

@@ -1,0 +1,213 @@
+"""Decoding in other processes, for speed; the answers are the same lists either way.
+
+* The `scalelab trace` command's head start (`start`, `take`): the first trace file is read,
+  decompressed, decoded and gathered into columns (`columns.gather`, plain Python) in a forked
+  child while the command itself imports numpy and the analysis, the longest part of its
+  start-up. Used by the console command only (a process that ends after one analysis, before any
+  thread is started).
+* Two processes on one large file (`gather_in_two`): each decodes half of its events, for the
+  library call (`analyze(..., workers=2)`, the default on two cores or more) and the command.
+
+A child sends its columns back through a pipe with `marshal` (plain values only) and exits with
+`os._exit`. Anything unusual (a CPU trace, a trace the typed decoder cannot read, a bad file, a
+child that died) sends nothing, and the file is read in the calling process as usual, which
+reports any error as it always does.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from scalelab.errors import InputError
+
+# path -> (child pid, read end of its pipe)
+_pending: dict[str, tuple[int, int]] = {}
+
+
+def available() -> bool:
+    return hasattr(os, "fork")
+
+
+def start(paths: Iterable[str | Path]) -> bool:
+    """Fork a child that gathers the first trace file's columns; False if none was started."""
+    from scalelab.trace.load import find_trace_files
+
+    if not available():
+        return False
+    try:
+        first = find_trace_files(paths)[0]
+    except InputError:
+        return False  # `analyze` finds the same and reports it
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        try:
+            payload = _gather(first)
+        except BaseException:  # the command's own read reports what is wrong
+            payload = None
+        _send(write_end, payload)
+    os.close(write_end)
+    _pending[str(first)] = (pid, read_end)
+    return True
+
+
+# The command's child splits only a file this large with a grandchild: beside the command's own
+# imports, three processes share the cores, which pays off only when decoding outlasts them.
+COMMAND_SPLIT_MIN_BYTES = 24_000_000
+
+
+def _gather(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    import gc
+
+    from scalelab.trace.columns import Columns, gather
+    from scalelab.trace.load import read_trace
+
+    gc.disable()
+    two = gather_in_two(path, min_bytes=COMMAND_SPLIT_MIN_BYTES) if spare_core() else None
+    if two is not None:
+        return two[0].to_tuple(), two[1]
+    raw = read_trace(path)
+    if not raw.typed:
+        return None
+    found = gather(raw)
+    if not isinstance(found, Columns):
+        return None
+    return found.to_tuple(), raw.metadata
+
+
+# Files smaller than this are read in one process: a fork and a pipe cost more than they save.
+SPLIT_MIN_BYTES = 8_000_000
+# Between two events of a Kineto trace (indented JSON, one event per object at depth two): the
+# only place where a newline, two spaces and a brace end an object and another begins.
+_SEAM = b"\n  },\n  {"
+
+
+def split_point(data: bytes) -> tuple[int, int] | None:
+    """Where to cut the decompressed JSON of a trace in two near its middle: the end of the
+    first part's last event and the start of the second part's first event; None if the file
+    is not laid out as Kineto writes it. A wrong cut cannot go unnoticed: each part is decoded
+    as a whole document, which fails unless the cut lies between two events of traceEvents."""
+    key = data.find(b'"traceEvents"')
+    if key < 0:
+        return None
+    seam = data.find(_SEAM, max(len(data) // 2, key))
+    if seam < 0:
+        return None
+    return seam + 4, seam + len(_SEAM) - 1
+
+
+def gather_in_two(
+    path: Path, *, min_bytes: int = SPLIT_MIN_BYTES
+) -> tuple[Any, dict[str, Any]] | None:
+    """A large trace's columns gathered by two processes at once: this one decodes and gathers
+    the first half of its events while a forked child does the second half; the parts' columns
+    are merged in file order (`columns.merge`), the same lists as one process would gather.
+    None (the caller reads the file as usual) where that does not apply: no `os.fork`, other
+    threads running (forking them is unsafe), a small file, an unusual layout, a part the typed
+    decoder cannot read, a CPU trace or a trace without launch calls. Decompressed files under
+    `min_bytes` are left to one process."""
+    from scalelab.trace import load
+
+    if not available() or not _single_threaded():
+        return None
+    data = load.read_bytes(path)
+    load.remember(path, data)  # for the caller, if it must read the file after all
+    if len(data) < min_bytes:
+        return None
+    cut = split_point(data)
+    if cut is None:
+        return None
+    end_a, start_b = cut
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        try:
+            payload = _gather_part(path, b'{"traceEvents":[' + data[start_b:])
+        except BaseException:
+            payload = None
+        _send(write_end, payload)
+    os.close(write_end)
+    try:
+        mine = _gather_part(path, data[:end_a] + b"]}")
+    except Exception:
+        mine = None
+    theirs = _receive(pid, read_end)
+    if mine is None or theirs is None:
+        return None
+    from scalelab.trace.columns import Columns, merge
+
+    merged = merge(mine[0], Columns.from_tuple(theirs[0]))
+    if not (merged.n_kernels or merged.copy_names) or not merged.runtime_corr:
+        return None  # a CPU trace, or one without launch calls: the whole path decides
+    load.forget(path)
+    return merged, {**theirs[1], **mine[1]}
+
+
+def spare_core() -> bool:
+    """Whether a second process would find a core of its own now: more than one core, and a
+    1-minute load average (this process included) at least half a core below their number. On
+    a machine whose cores are all busy, two processes take longer than one."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this system: trust the core count
+        return cores > 1
+    return cores > 1 and load < cores - 0.5
+
+
+def _single_threaded() -> bool:
+    threading = sys.modules.get("threading")  # never imported: no thread was ever started
+    return threading is None or threading.active_count() == 1
+
+
+def _gather_part(path: Path, blob: bytes) -> tuple[Any, dict[str, Any]] | None:
+    from scalelab.trace import schema
+    from scalelab.trace.columns import Columns, gather
+    from scalelab.trace.load import RawTrace
+
+    events, metadata = schema.decode(blob)
+    found = gather(RawTrace(path, events, metadata, typed=True), part=True)
+    assert isinstance(found, Columns)
+    return found, metadata
+
+
+def _send(write_end: int, payload: Any) -> None:
+    """The child's last act: the payload (plain values) into the pipe, then exit."""
+    try:
+        if payload is not None and not isinstance(payload[0], tuple):
+            payload = (payload[0].to_tuple(), payload[1])
+        with os.fdopen(write_end, "wb") as out:
+            out.write(marshal.dumps(payload))
+    finally:
+        os._exit(0)
+
+
+def _receive(pid: int, read_end: int) -> Any:
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    try:
+        return marshal.loads(data) if data else None
+    except (EOFError, ValueError, TypeError):
+        return None
+
+
+def take(path: str | Path) -> tuple[Any, dict[str, Any]] | None:
+    """The columns and metadata a child gathered for this file (then forgotten), or None."""
+    entry = _pending.pop(str(path), None)
+    if entry is None:
+        return None
+    payload = _receive(*entry)
+    if payload is None:
+        return None
+    from scalelab.trace.columns import Columns
+
+    values, metadata = payload
+    return Columns.from_tuple(values), metadata
