@@ -142,10 +142,10 @@ def test_gloo_cannot_carry_fp8_activations() -> None:
 def test_fp8_trains_like_the_reference_on_two_ranks(
     parity: Callable[..., dict[str, Any]], reference: dict[str, Any]
 ) -> None:
+    # fp8 matmuls on CPU are ~6x slower than fp32: three cases cover both recipes, FSDP with the
+    # fp8 all-gather and precomputed scales, and both TP style sets (tensorwise, rowwise with SP).
     cases: list[dict[str, Any]] = [
-        {"name": "fsdp_tensorwise", "precision": "fp8"},
         {"name": "fsdp_tensorwise_fp8_gather", "precision": "fp8", "fp8_all_gather": True},
-        {"name": "fsdp_rowwise", "precision": "fp8", "fp8_recipe": "rowwise"},
         {"name": "tp_tensorwise", "precision": "fp8", "tp": 2, "sp": False},
         {"name": "tp_rowwise_sp", "precision": "fp8", "tp": 2, "fp8_recipe": "rowwise"},
     ]
