@@ -10,6 +10,7 @@ catalog (--cluster) are imported only when asked for.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,6 +139,9 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
     # (`background`); otherwise a thread reads and decompresses it (which releases the GIL).
     if exits:
         load.keep_parsed = []
+        # numpy's OpenBLAS starts a thread per core when imported, which spin for ~0.1 s of
+        # CPU beside the child decoding the file; the analysis does no linear algebra.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if not (exits and opts.parser == "auto" and _start_background(opts.paths)):
         load.prefetch(opts.paths)
     from scalelab.trace import analyze
