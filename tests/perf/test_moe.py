@@ -227,7 +227,7 @@ def test_attention_with_its_own_head_width_is_priced_at_its_flops() -> None:
 
 def test_moe_search_with_a_stack_that_offers_no_fsdp() -> None:
     """The first stage takes the leanest sharding the stack offers (DDP on Megatron-LM 2021)."""
-    from scalelab.config.stack import load_stack
+    from scalelab.config.catalog import load_stack
     from scalelab.search import search
 
     result = search(

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.catalog import load_cluster, load_model, load_stack, stack_names
 from scalelab.config.layout import Layout, LayoutTable
-from scalelab.config.stack import load_stack, stack_names
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict, predict_layout
 from scalelab.runs.rules import read_stack

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 
 def stacks(json_out: JsonOpt = False) -> None:
     """List the software stacks `--stack` selects: what each framework offers and overlaps."""
-    from scalelab.config.stack import load_stack, stack_names
+    from scalelab.config.catalog import load_stack, stack_names
 
     specs = [load_stack(name) for name in stack_names()]
     if json_out:

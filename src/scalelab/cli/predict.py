@@ -18,8 +18,7 @@ from scalelab.cli.common import (
     layout_options,
     print_json,
 )
-from scalelab.config.catalog import load_cluster, load_model
-from scalelab.config.stack import load_stack
+from scalelab.config.catalog import load_cluster, load_model, load_stack
 from scalelab.perf.predict import predict_layout
 
 GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="number of GPUs")]

@@ -21,9 +21,8 @@ from scalelab.cli.common import (
     err_console,
     print_json,
 )
-from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.catalog import load_cluster, load_model, load_stack
 from scalelab.config.layout import Layout
-from scalelab.config.stack import load_stack
 from scalelab.search import OBJECTIVES, describe, search
 
 

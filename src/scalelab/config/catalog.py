@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from scalelab.config.hardware import ClusterParams, ClusterSpec, GPUSpec
 from scalelab.config.model import ModelSpec
+from scalelab.config.stack import DEFAULT_STACK, StackSpec
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
 
@@ -33,6 +34,10 @@ def gpu_names() -> list[str]:
 
 def cluster_names() -> list[str]:
     return list(_catalog("clusters"))
+
+
+def stack_names() -> list[str]:
+    return list(_catalog("stacks"))
 
 
 def _looks_like_file(name: str) -> bool:
@@ -146,3 +151,27 @@ def cluster_for_device(device_name: str) -> str | None:
         if entry.get("gpu") == gpu:
             return cluster
     return None
+
+
+@cache
+def _catalog_stack(name: str) -> StackSpec:
+    return StackSpec(**{"name": name, **_catalog("stacks")[name]})
+
+
+def load_stack(name_or_path: str | None = None) -> StackSpec:
+    """A catalog stack by name (None: `generic`, which changes nothing), or a stack described in
+    a YAML file. Catalog stacks are built once (the predictor asks for the default on every call)."""
+    name_or_path = name_or_path or DEFAULT_STACK
+    if name_or_path in _catalog("stacks"):
+        return _catalog_stack(name_or_path)
+    if not _looks_like_file(name_or_path):
+        raise InputError(
+            "stack",
+            f"unknown stack '{name_or_path}'; choose one of {', '.join(stack_names())} or a YAML file",
+        )
+    data = _read_yaml("stack", name_or_path)
+    data.setdefault("name", Path(name_or_path).stem)
+    try:
+        return StackSpec(**data)
+    except ValidationError as exc:
+        raise InputError("stack", f"{name_or_path}: {_pydantic_message(exc)}") from None

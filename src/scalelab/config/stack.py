@@ -11,20 +11,13 @@ default, changes nothing: the predictor's assumptions as documented in perf/.
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
-from pathlib import Path
-from typing import Any
-
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from scalelab.config.hardware import ClusterParams, ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable
 from scalelab.config.options import PipelineSchedule, Sharding
 from scalelab.errors import InputError
-from scalelab.io import load_user_yaml
 
 # The ClusterParams a stack may set: what the framework, not the hardware, decides.
 STACK_PARAMS: tuple[str, ...] = (
@@ -160,47 +153,5 @@ class StackSpec(BaseModel):
                 )
 
 
-@cache
-def _catalog_stack(name: str) -> StackSpec:
-    return StackSpec(**{"name": name, **_catalog()[name]})
-
-
-@cache
-def _catalog() -> dict[str, dict[str, Any]]:
-    text = resources.files("scalelab.config").joinpath("catalog/stacks.yaml").read_text()
-    data: dict[str, dict[str, Any]] = yaml.safe_load(text)
-    return data
-
-
-def stack_names() -> list[str]:
-    return list(_catalog())
-
-
+# The default stack: changes nothing (the predictor's documented assumptions).
 DEFAULT_STACK = "generic"
-
-
-def load_stack(name_or_path: str | None = None) -> StackSpec:
-    """A catalog stack by name (None: `generic`), or a stack described in a YAML file."""
-    name_or_path = name_or_path or DEFAULT_STACK
-    if name_or_path in _catalog():
-        return _catalog_stack(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise InputError("stack", f"no such file: {name_or_path}")
-        loaded = load_user_yaml("stack", path)
-        if not isinstance(loaded, dict):
-            raise InputError("stack", f"{name_or_path} must hold a YAML mapping of fields")
-        data = dict(loaded)
-        data.setdefault("name", path.stem)
-    else:
-        raise InputError(
-            "stack",
-            f"unknown stack '{name_or_path}'; choose one of {', '.join(stack_names())} or a YAML file",
-        )
-    try:
-        return StackSpec(**data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "value"
-        raise InputError("stack", f"{name_or_path}: {where}: {err['msg']}") from None

@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.config.catalog import load_stack
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, check
 from scalelab.config.model import ModelSpec, flops_utilisation
-from scalelab.config.stack import StackSpec, load_stack
+from scalelab.config.stack import StackSpec
 from scalelab.metrics import canonical
 from scalelab.perf import comm
 from scalelab.perf import moe as moe_mod

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalelab.config.catalog import load_cluster, load_model
+from scalelab.config.catalog import load_cluster, load_model, load_stack
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.stack import StackSpec, load_stack
+from scalelab.config.stack import StackSpec
 from scalelab.io import atomic_write_text
 from scalelab.perf.predict import predict_layout
 from scalelab.search import Constraints, describe, search

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
+from scalelab.config.catalog import load_stack
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, rule_violations
 from scalelab.config.model import ModelSpec
-from scalelab.config.stack import StackSpec, load_stack
+from scalelab.config.stack import StackSpec
 from scalelab.errors import InputError
 from scalelab.io import read_user_text
 from scalelab.perf.predict import predict
@@ -116,6 +117,13 @@ def load_moe_cases() -> tuple[list[RunCase], list[tuple[int, str]]]:
     runs = read_runs(_package_text(MOE_DATA), MOE_DATA, kind=MoERun)
     records = csv.DictReader(io.StringIO(_package_text(MOE_SKIPPED_DATA)))
     skipped = [(int(r["row"]), r["reason"]) for r in records]
+    return cases_from_runs(runs, skipped)
+
+
+def cases_from_runs(
+    runs: list[Run], skipped: list[tuple[int, str]]
+) -> tuple[list[RunCase], list[tuple[int, str]]]:
+    """The runs the predictor can express, and `skipped` with (row, reason) of the others added."""
     cases: list[RunCase] = []
     for run in runs:
         case = case_from_run(run)
@@ -149,14 +157,7 @@ def load_cases(
     data: Path | None = None, review: Path | None = None
 ) -> tuple[list[RunCase], list[tuple[int, str]]]:
     runs, skipped = load_runs(data, review)
-    cases: list[RunCase] = []
-    for run in runs:
-        case = case_from_run(run)
-        if isinstance(case, str):
-            skipped.append((run.row, case))
-        else:
-            cases.append(case)
-    return cases, skipped
+    return cases_from_runs(runs, skipped)
 
 
 # Prediction ------------------------------------------------------------------------------------
