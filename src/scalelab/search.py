@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from scalelab.config.catalog import load_stack
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import (
     MAX_GLOBAL_BATCH,
@@ -35,7 +36,7 @@ from scalelab.config.options import (
     Recompute,
     Sharding,
 )
-from scalelab.config.stack import StackSpec, load_stack
+from scalelab.config.stack import StackSpec
 from scalelab.errors import InputError
 from scalelab.perf.predict import Prediction, predict
 
@@ -394,6 +395,7 @@ class _Evaluated:
     invalid: np.ndarray
     valid: LayoutTable
     pred: Prediction | None
+    by_reason: dict[str, int]  # invalid layouts counted by their first failing rule
 
 
 def _masks(
@@ -406,12 +408,10 @@ def _masks(
 def _evaluate(
     model: ModelSpec, cluster: ClusterSpec, space: LayoutTable, stack: StackSpec
 ) -> _Evaluated:
-    invalid = np.asarray(
-        np.stack(list(_masks(space, model, cluster, stack).values())).any(axis=0), dtype=bool
-    )
+    invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
     valid = space.take(~invalid)
     pred = predict(model, cluster, valid, stack) if len(valid) else None
-    return _Evaluated(space, invalid, valid, pred)
+    return _Evaluated(space, invalid, valid, pred, by_reason)
 
 
 def _degree_keys(t: LayoutTable) -> np.ndarray:
@@ -577,10 +577,19 @@ def search(
         )
         invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
     else:
-        space = enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints)
-        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
-        valid = space.take(~invalid)
-        pred = predict(model, cluster, valid, stack) if len(valid) else None
+        ev = _evaluate(
+            model,
+            cluster,
+            enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints),
+            stack,
+        )
+        space, invalid, valid, pred, by_reason = (
+            ev.space,
+            ev.invalid,
+            ev.valid,
+            ev.pred,
+            ev.by_reason,
+        )
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)
