@@ -10,12 +10,14 @@ import pytest
 
 from scalelab.config.catalog import load_cluster, load_model, load_stack, stack_names
 from scalelab.config.layout import Layout, LayoutTable
+from scalelab.config.options import AttentionKernel
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict, predict_layout
 from scalelab.runs.rules import read_stack
 from scalelab.search import search
 
 H100 = load_cluster("h100-ib")
+LAYERNORM_MODEL = "gpt3-175b"
 
 
 def _row(model: str, layout: Layout, stack: str) -> dict:
@@ -133,3 +135,39 @@ def test_unknown_stack_and_a_stack_file(tmp_path: Path) -> None:
 )
 def test_the_stack_a_run_states_is_read(text: str, stack: str | None) -> None:
     assert read_stack(text) == stack
+
+
+def test_eager_rmsnorm_pays_its_counted_hbm_passes() -> None:
+    """An eager RMSNorm (torch.nn.RMSNorm before PyTorch 2.8, torchtitan's default) moves 32 B per
+    element more than a fused kernel forward and 52 B backward, twice per layer; LayerNorm and
+    fused stacks are unchanged."""
+    from scalelab.perf.compute import layer_compute
+
+    model = load_model("llama2-13b")
+    one = np.ones(1, dtype=np.int64)
+    args = dict(
+        micro_batch=2 * one,
+        seq_len=4096 * one,
+        tp=one,
+        cp=one,
+        sequence_parallel=np.zeros(1, dtype=bool),
+        fp8=np.zeros(1, dtype=bool),
+        attention=np.full(1, AttentionKernel.FLASH.code),
+    )
+    fused = layer_compute(model, H100, **args)
+    eager = layer_compute(model, H100, **args, eager_norm=True)
+    hbm = H100.gpu.hbm_bytes_per_s * H100.params.hbm_efficiency
+    elems = 2 * (2 * 4096) * model.d_model  # two norms over micro-batch x sequence x d_model
+    assert eager.forward_s[0] - fused.forward_s[0] == pytest.approx(32 * elems / hbm)
+    assert eager.backward_s[0] - fused.backward_s[0] == pytest.approx(52 * elems / hbm)
+    gpt = load_model(LAYERNORM_MODEL)
+    assert gpt.norm == "layernorm"
+    assert layer_compute(gpt, H100, **args, eager_norm=True).forward_s[0] == pytest.approx(
+        layer_compute(gpt, H100, **args).forward_s[0]
+    )
+    # Through the stack: torchtitan runs it eager, so the same layout is slower than generic's.
+    layout = Layout(gpus=8, global_batch=8, seq_len=4096)
+    assert (
+        _row("llama2-7b", layout, "torchtitan")["compute_s"]
+        > _row("llama2-7b", layout, "generic")["compute_s"]
+    )

@@ -11,6 +11,8 @@ default, changes nothing: the predictor's assumptions as documented in perf/.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,6 +100,13 @@ class StackSpec(BaseModel):
         description="pipeline send/recv overlapped with the next micro-batch's compute in the "
         "steady state (Megatron's overlap_p2p_comm): only warm-up and cool-down transfers are "
         "exposed",
+    )
+    norm_kernel: Literal["fused", "eager"] = Field(
+        "fused",
+        description="how the framework runs RMSNorm: one fused kernel (Transformer Engine, Apex, "
+        "flash-attn's rms_norm, torch.compile) or eager PyTorch ops upcast to fp32 "
+        "(torch.nn.RMSNorm before PyTorch 2.8, Hugging Face's LlamaRMSNorm), whose extra HBM "
+        "passes perf/compute.py counts; LayerNorm is one kernel either way",
     )
     params: StackParams = Field(default_factory=StackParams)
     source: str = Field("", description="where each behaviour and parameter comes from")

@@ -185,6 +185,7 @@ def build_context(
         sequence_parallel=sp,
         fp8=table.is_fp8,
         attention=table.attention,
+        eager_norm=stack.norm_kernel == "eager",
     )
     return StepContext(
         model=model,
