@@ -77,6 +77,7 @@ def step_points(cases: list) -> list[StepPoint]:
             / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
             weight=scale / np.sqrt(per_source[c.source]),
             hardware=c.cluster,
+            stack=c.stack,
         )
         for c in cases
     ]
@@ -90,7 +91,7 @@ def mape(cases: list, params: dict | None) -> float:
             if params is None
             else c.cluster.model_copy(update={"params": c.cluster.params.model_copy(update=params)})
         )
-        moved.append(type(c)(c.run, c.model, cluster, c.layout))
+        moved.append(type(c)(c.run, c.model, cluster, c.layout, c.stack))
     measured = np.array([c.measured_tokens_per_s_per_gpu for c in cases])
     return float(np.mean(np.abs(predict_cases(moved) / measured - 1)))
 

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from scalelab.config.hardware import ClusterParams, ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable
 from scalelab.config.model import ModelSpec
+from scalelab.config.stack import StackSpec
 from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
 from scalelab.perf import comm
@@ -120,6 +121,9 @@ class StepPoint:
     hardware: ClusterSpec | None = (
         None  # this run's own node type; the fitted parameters apply to it
     )
+    # The software stack the run states (None: `generic`): its behaviour (overlaps, norm kernel,
+    # gradient sync) is part of the prediction the fitted parameters must explain.
+    stack: StackSpec | None = None
 
 
 @dataclass
@@ -164,15 +168,17 @@ def _predict_all(
             collective, np.array([p.nbytes for p in pts]), shape, cluster
         )
     step_pred = np.zeros(2 * len(step_points))
-    by_model: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_model: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, point in enumerate(step_points):
         hw = point.hardware.model_dump_json() if point.hardware is not None else ""
-        by_model[(point.model.model_dump_json(), hw)].append(i)
+        st = point.stack.model_dump_json() if point.stack is not None else ""
+        by_model[(point.model.model_dump_json(), hw, st)].append(i)
     for idx in by_model.values():
         table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
-        own = step_points[idx[0]].hardware
+        first = step_points[idx[0]]
+        own = first.hardware
         target = cluster if own is None else own.model_copy(update={"params": cluster.params})
-        pred = predict(step_points[idx[0]].model, target, table)
+        pred = predict(first.model, target, table, first.stack)
         step_pred[idx] = pred["step_time_s"]
         step_pred[[len(step_points) + i for i in idx]] = pred["power_w_per_gpu"]
     return comm_pred, step_pred

@@ -170,3 +170,19 @@ def test_not_a_record_and_missing_path(cli, tmp_path) -> None:
     assert cli("calibrate", str(bad)).returncode == 2
     r = cli("calibrate", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no such file or folder" in r.stderr
+
+
+def test_each_step_point_is_predicted_with_its_own_stack() -> None:
+    """A run measured on a stack that runs its norm eagerly (torchtitan) is predicted slower than
+    the same layout on the generic stack, so calibrate does not lower the hardware's efficiency
+    to explain what the framework costs."""
+    from scalelab.config.catalog import load_stack
+
+    model = load_model("llama2-7b")
+    layout = Layout(gpus=8, global_batch=8, seq_len=4096)
+    points = [
+        StepPoint(model, layout, 1.0),
+        StepPoint(model, layout, 1.0, stack=load_stack("torchtitan")),
+    ]
+    _, step = _predict_all(_H100, [], points)
+    assert step[1] > step[0] * 1.01

@@ -59,6 +59,7 @@ def _fit(base: ClusterSpec, train: list[RunCase]) -> dict[str, float]:
             source=c.source,
             weight=scale / math.sqrt(per_source[c.source]),
             hardware=c.cluster,
+            stack=c.stack,
         )
         for c in train
     ]
