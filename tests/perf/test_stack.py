@@ -129,7 +129,7 @@ def test_unknown_stack_and_a_stack_file(tmp_path: Path) -> None:
         ("NeMo 24.07 container (Megatron-Core)", "megatron-core-te"),
         ("Megatron-LM (April 2021)", "megatron-lm-2021"),
         ("llm-foundry / Composer (Jan 2024)", "composer"),
-        ("Aleph Alpha Megatron-based codebase", None),
+        ("Aleph Alpha Megatron-based codebase", "aleph-alpha-scaling"),
         ("OneFlow-GPT (2021)", None),
     ],
 )
@@ -171,3 +171,17 @@ def test_eager_rmsnorm_pays_its_counted_hbm_passes() -> None:
         _row("llama2-7b", layout, "torchtitan")["compute_s"]
         > _row("llama2-7b", layout, "generic")["compute_s"]
     )
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_gradient_allreduce_after_backward_is_exposed(pp: int) -> None:
+    """A stack that all-reduces every gradient after the last backward (Aleph Alpha's codebase:
+    ZeRO-1 by AllReduce, in the optimizer step) exposes all of it; ZeRO-1 by ReduceScatter
+    overlapped with backward (generic) hides most of it and moves half the bytes."""
+    layout = Layout(gpus=64, global_batch=256, seq_len=2048, sharding="zero1", tp=2, pp=pp)
+    plain = _row("llama2-13b", layout, "generic")
+    late = _row("llama2-13b", layout, "aleph-alpha-scaling")
+    assert late["dp_grad_reduce_s"] > 1.5 * plain["dp_grad_reduce_s"]
+    assert late["dp_grad_reduce_exposed_s"] == pytest.approx(late["dp_grad_reduce_s"], rel=1e-6)
+    assert plain["dp_grad_reduce_exposed_s"] < 0.5 * plain["dp_grad_reduce_s"]
+    assert late["step_time_s"] - plain["step_time_s"] > 0.5 * late["dp_grad_reduce_s"]

@@ -101,12 +101,33 @@ class StackSpec(BaseModel):
         "steady state (Megatron's overlap_p2p_comm): only warm-up and cool-down transfers are "
         "exposed",
     )
+    grad_reduce_overlap: bool = Field(
+        True,
+        description="data-parallel gradient reduction issued layer by layer during backward and "
+        "overlapped with it (FSDP, DDP buckets, Megatron's overlap_grad_reduce); False: one "
+        "reduction of every gradient after the last backward, exposed (an optimizer-step "
+        "all-reduce)",
+    )
+    zero1_grad_reduce: Literal["reduce_scatter", "all_reduce"] = Field(
+        "reduce_scatter",
+        description="how ZeRO-1 reduces gradients: a ReduceScatter into each rank's partition, "
+        "or an AllReduce of every gradient after which each rank keeps its partition (the "
+        "first ZeRO-1 of DeepSpeed and its derivatives)",
+    )
     norm_kernel: Literal["fused", "eager"] = Field(
         "fused",
         description="how the framework runs RMSNorm: one fused kernel (Transformer Engine, Apex, "
         "flash-attn's rms_norm, torch.compile) or eager PyTorch ops upcast to fp32 "
         "(torch.nn.RMSNorm before PyTorch 2.8, Hugging Face's LlamaRMSNorm), whose extra HBM "
         "passes perf/compute.py counts; LayerNorm is one kernel either way",
+    )
+    selective_recompute: Literal["attention", "alternate-matmuls"] = Field(
+        "attention",
+        description="what `--recompute selective` recomputes in this framework: the attention "
+        "core and element-wise ops (Korthikanti et al. 2022; Megatron) or, as torchtitan's "
+        "per-op selective checkpointing does, every second matmul of the layer's forward and "
+        "every op that is not a matmul, attention or a TP ReduceScatter (the attention output "
+        "is saved)",
     )
     params: StackParams = Field(default_factory=StackParams)
     source: str = Field("", description="where each behaviour and parameter comes from")

@@ -50,6 +50,9 @@ class LayerCompute:
     attention_forward_s: np.ndarray
     elementwise_forward_s: np.ndarray
     gemm_forward_s: np.ndarray
+    # Every second matmul of the layer's forward, in the order a Llama block issues them (wq, wk,
+    # wv, wo, w1, w3, w2): what torchtitan's per-op selective checkpointing recomputes.
+    alternate_gemm_forward_s: np.ndarray
     head_forward_s: np.ndarray
     head_backward_s: np.ndarray
     forward_flops: np.ndarray
@@ -114,6 +117,16 @@ def layer_compute(
             2.0 * tokens * (d * (d / tp_f + 2 * kv_local) + (d * d + (n_up + 1) * d * ff) / tp_f)
         )
         attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
+        # wk, wo, then w3 (SwiGLU: w1, w3, w2) or w2 (GELU: w1, w2).
+        alternate_fwd = (
+            gemm_time(tokens, d, kv_local, linear_peak, cluster)
+            + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
+            + (
+                gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
+                if n_up == 2
+                else gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
+            )
+        )
     else:
         proj_params = model.attention_params / tp_f
         gemm_fwd = (
@@ -122,6 +135,7 @@ def layer_compute(
             + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
         )
         gemm_flops = 2.0 * tokens * (proj_params + (n_up + 1) * d * ff / tp_f)
+        alternate_fwd = 0.5 * gemm_fwd  # projections of their own shape: about half
         core_width = model.attention_core_width / 2.0
         attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * core_width / (tp_f * cp)
     flash_rate = (
@@ -172,6 +186,7 @@ def layer_compute(
         attention_forward_s=attn_fwd,
         elementwise_forward_s=elem_fwd,
         gemm_forward_s=gemm_fwd,
+        alternate_gemm_forward_s=np.asarray(alternate_fwd),
         head_forward_s=head_fwd,
         head_backward_s=head_bwd,
         forward_flops=gemm_flops + attn_flops_causal,
