@@ -149,6 +149,7 @@ def case_from_run(run: Run) -> RunCase | str:
     if run.norm_kernel is not None and run.norm_kernel != stack.norm_kernel:
         # The run states how its norm ran (a fused kernel, torch.compile, or eager ops).
         stack = stack.model_copy(update={"norm_kernel": run.norm_kernel})
+    stack = stack.for_recipe(str(run.precision))
     try:
         stack.check(layout)
     except InputError as exc:
