@@ -185,3 +185,31 @@ def test_gradient_allreduce_after_backward_is_exposed(pp: int) -> None:
     assert late["dp_grad_reduce_exposed_s"] == pytest.approx(late["dp_grad_reduce_s"], rel=1e-6)
     assert plain["dp_grad_reduce_exposed_s"] < 0.5 * plain["dp_grad_reduce_s"]
     assert late["step_time_s"] - plain["step_time_s"] > 0.5 * late["dp_grad_reduce_s"]
+
+
+def test_torchtitan_selective_recompute_keeps_every_other_matmul_and_recomputes_the_rest() -> None:
+    """torchtitan's per-op SAC (stacks.yaml selective_recompute: alternate-matmuls) recomputes
+    wk, wo and w3 in backward, not the attention core, and keeps only the saved ops' outputs."""
+    from scalelab.perf.memory import alternate_matmul_bytes_per_layer
+
+    layout = Layout(gpus=8, global_batch=16, seq_len=8192, micro_batch=2, recompute="selective")
+    generic = load_stack("generic")
+    titan_like = generic.model_copy(update={"selective_recompute": "alternate-matmuls"})
+    model = load_model("llama3-8b")
+    table = LayoutTable.from_layouts([layout])
+    a = predict(model, H100, table, generic).row(0)
+    b = predict(model, H100, table, titan_like).row(0)
+    lc = __import__("scalelab.perf.compute", fromlist=["layer_compute"]).layer_compute(
+        model, H100, micro_batch=table.micro_batch, seq_len=table.seq_len, tp=table.tp,
+        cp=table.cp, sequence_parallel=np.zeros(1, dtype=bool), fp8=table.is_fp8,
+        attention=table.attention,
+    )  # fmt: skip
+    per_layer = lc.alternate_gemm_forward_s[0] + lc.elementwise_forward_s[0]
+    assert b["recompute_s"] == pytest.approx(model.n_layers * per_layer, rel=1e-9)
+    tokens = np.array([2 * 8192.0])
+    kept = alternate_matmul_bytes_per_layer(
+        model, tokens, np.ones(1, dtype=np.int64), np.zeros(1, dtype=bool)
+    )
+    d, kv, ff = model.d_model, model.kv_dim, model.d_ff
+    assert kept[0] == pytest.approx(2 * tokens[0] * (d + kv + ff + d + d + d))
+    assert b["memory_activations_bytes"] < a["memory_activations_bytes"]

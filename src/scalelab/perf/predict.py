@@ -651,6 +651,7 @@ def predict(
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
         moe=ctx.moe,
+        selective_alternate=ctx.stack.selective_recompute == "alternate-matmuls",
     )
     power = average_power_w(
         cluster,
