@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from scalelab.config.catalog import load_cluster
+from scalelab.perf.power import comm_only_power_for_ratio, state_powers_w, state_shares
 from scalelab.search import Constraints
 from scalelab.studies.common import (
     DEFAULT,
@@ -250,6 +251,36 @@ def compute(
     ]
 
 
+def _shares(row: dict[str, Any]) -> tuple[float, float, float]:
+    busy, comm, idle = state_shares(
+        step_time_s=row["step_time_s"],
+        compute_s=row["compute_s"] + row["optimizer_s"],
+        comm_only_s=row["exposed_comm_s"],
+    )
+    return float(busy), float(comm), float(idle)
+
+
+def f2_power_needed(a: Assumptions = DEFAULT) -> dict[str, float]:
+    """What F2 asks of the communication-only power state: the draw (W) of a GPU in NCCL kernels
+    alone that would give the study's F2, and its tolerance's edge nearest scalelab's, with the
+    time each state takes at 128 and 2048 GPUs as predicted (pure FSDP, the F1 runs)."""
+    paper = paper_range(paper_values()["F2"]["value"])[0]
+    _, cluster = load(a)
+    r128, r2048 = _fsdp(a, 128), _fsdp(a, 2048)
+    before, after = _shares(r128), _shares(r2048)
+    w = state_powers_w(cluster)
+    return {
+        "comm_only_w": w["comm_only"],
+        "compute_w": w["compute"],
+        "needed_w": comm_only_power_for_ratio(cluster, before, after, 1 + paper / 100),
+        "needed_w_at_tolerance": comm_only_power_for_ratio(
+            cluster, before, after, 1 + (paper - 3) / 100
+        ),
+        "comm_only_share_2048": after[1],
+        "busy_share_2048": after[0],
+    }
+
+
 SENSITIVITY = (
     {"sequences_per_gpu": 1, "seq_len": 2048},
     {"sequences_per_gpu": 1, "seq_len": 4096},
@@ -268,6 +299,10 @@ PARAMETER_SENSITIVITY: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     (
         "network ring step 2 x NCCL's 14 µs (Figure 2's tree levels sit above NCCL's nominal)",
         (("params.net_step_latency_us", 28.0),),
+    ),
+    (
+        "NCCL 2.23.4 (PAT at one rank per node, v2.23 ring latencies), not PyTorch 2.3.1's 2.20.5",
+        (("nccl_version", "2.23.4"),),
     ),
     ("compute power 0.80 of TDP - idle (not 0.85)", (("params.compute_power_fraction", 0.80),)),
     ("compute power 0.90 of TDP - idle", (("params.compute_power_fraction", 0.90),)),
