@@ -8,9 +8,10 @@ tree, NVLS) and protocol (LL, LL128, Simple) a collective costs
 
 and NCCL runs the fastest candidate. A ring's latency is NCCL's: a base, plus one hardware latency
 per step inside a node (at least the network post overhead once the ring spans nodes, since
-v2.18.1) and one per step across nodes (`ring_latency_us`). Trees serve AllReduce across nodes;
-NVLS serves AllReduce, AllGather and ReduceScatter inside one NVSwitch domain; AllToAll is n-1
-point-to-point transfers. Bus bandwidth is the slowest tier a ring crosses: NVLink inside an
+v2.18.1) and one per step across nodes (`ring_latency_us`). Trees and NVLSTree (v2.18.1+) serve
+AllReduce across nodes; NVLS serves AllReduce, AllGather and ReduceScatter inside one NVSwitch
+domain; PAT (v2.23+) serves AllGather and ReduceScatter at one rank per node; AllToAll is n-1
+point-to-point transfers. What each NCCL release has follows the cluster's `nccl_version`. Bus bandwidth is the slowest tier a ring crosses: NVLink inside an
 NVLink domain; between domains, the NICs that the communicator's ranks in one domain drive
 together, degraded slowly with the number of nodes as the study's Figure 2 shows. Bus bandwidth
 follows the nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are tables
