@@ -298,8 +298,9 @@ def _nvls_tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
     """NVLSTree AllReduce across NVLink domains (NCCL v2.18.1+ on NVSwitch-3 GPUs, Simple only):
     NCCL's latency, hwLat[NVLINK][NVLSTree] + 2·log2(nodes)·interLat, with the cluster's fitted
     network tree level (`tree_level_latency_us`, as the tree uses) for interLat; NCCL's bandwidth,
-    the network tier halved beyond two nodes, x 5/6, capped by the NVLink tier (nccl-tests busbw
-    terms: 2 x 5/6 x min(NVLink, network / 2))."""
+    the network tier halved beyond two nodes, x 5/6 (an algorithm bandwidth: the buffer crosses
+    it), and the NVLink tier with NVLS for the bus traffic: time = latency + max(bytes / (5/6 x
+    network), traffic / NVLink)."""
     version = c.version
     cluster = c.cluster
     if (
@@ -310,11 +311,13 @@ def _nvls_tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
     ):
         return np.full(c.nbytes.shape, np.inf)
     latency_us = nvls_latency_us(version) + 2.0 * c.tree_levels_latency_us
-    net = np.where(c.domains > 2, c.net_busbw / 2.0, c.net_busbw)
+    # NCCL's algorithm bandwidth over the network: 5/6 of the network tier, halved beyond two
+    # nodes; the buffer itself (not the bus traffic) crosses it, as in NCCL's time = bytes / bw.
+    net = np.where(c.domains > 2, c.net_busbw / 2.0, c.net_busbw) * 5.0 / 6.0
     ramp = c.nbytes / (c.nbytes + cluster.params.bandwidth_ramp_mib * 2**20)
     nvlink = cluster.gpu.nvlink_bytes_per_s * cluster.params.nvlink_bus_efficiency * _NVLS_GAIN
-    bw = np.minimum(nvlink * ramp, 2.0 * 5.0 / 6.0 * net)
-    return np.where(c.multi, latency_us * 1e-6 + c.traffic / bw, np.inf)
+    transfer = np.maximum(c.nbytes / net, c.traffic / (nvlink * ramp))
+    return np.where(c.multi, latency_us * 1e-6 + transfer, np.inf)
 
 
 def _pat_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
@@ -329,7 +332,8 @@ def _pat_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
         + levels * c.cluster.params.net_step_latency_us / _PAT_LOG_DIVISOR
         + _PAT_PER_RANK_US * c.ranks
     )
-    t = latency_us * 1e-6 + c.traffic / (c.busbw * pat_bw_factor(c.version))
+    # NCCL converts no bus bandwidth to an algorithm bandwidth for PAT: time = bytes / (busBw x f).
+    t = latency_us * 1e-6 + c.nbytes / (c.busbw * pat_bw_factor(c.version))
     return np.where(c.one_rank_per_node, t, np.inf)
 
 
