@@ -339,23 +339,47 @@ def _pat_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One NCCL algorithm: the collectives it implements and its cost for a protocol."""
+    """One NCCL algorithm: the collectives it implements and its cost for a protocol. `time`
+    returns inf where the algorithm does not apply; `simple_only` and `applies` let
+    `collective_time` skip pricing it at all where it cannot win (search's speed)."""
 
     name: str
     collectives: tuple[str, ...]
     time: Callable[[CollectiveCase, Protocol], np.ndarray]
+    simple_only: bool = False
+    applies: Callable[[CollectiveCase], bool] = lambda c: True
 
 
 ALGORITHMS: tuple[Algorithm, ...] = (
     # AllToAll is n-1 point-to-point transfers (NCCL's grouped send/recv): priced as a "ring" whose
     # steps are its peers, the ones outside the NVLink domain paying network latency.
     Algorithm("ring", collectives.NAMES, _ring_time),
-    Algorithm("tree", (ALL_REDUCE,), _tree_time),
+    Algorithm("tree", (ALL_REDUCE,), _tree_time, applies=lambda c: bool(c.multi.any())),
     # AllReduce's NVLS is its NVLink tier's gain with the ring's fitted latency: the 8-GPU H200
     # nccl-tests all_reduce sweep is fitted better so (5.4 % against 9.9 % with NCCL's 23 µs).
-    Algorithm("nvls", (ALL_GATHER, REDUCE_SCATTER), _nvls_time),
-    Algorithm("nvls_tree", (ALL_REDUCE,), _nvls_tree_time),
-    Algorithm("pat", (ALL_GATHER, REDUCE_SCATTER), _pat_time),
+    Algorithm(
+        "nvls",
+        (ALL_GATHER, REDUCE_SCATTER),
+        _nvls_time,
+        simple_only=True,
+        applies=lambda c: c.cluster.gpu.nvls and not bool(c.multi.all()),
+    ),
+    Algorithm(
+        "nvls_tree",
+        (ALL_REDUCE,),
+        _nvls_tree_time,
+        simple_only=True,
+        applies=lambda c: (
+            c.cluster.gpu.nvls and c.version >= NVLS_TREE_SINCE and bool(c.multi.any())
+        ),
+    ),
+    Algorithm(
+        "pat",
+        (ALL_GATHER, REDUCE_SCATTER),
+        _pat_time,
+        simple_only=True,
+        applies=lambda c: c.version >= PAT_SINCE and bool(c.one_rank_per_node.any()),
+    ),
 )
 
 
@@ -412,8 +436,8 @@ def collective_time(
     )
     best = np.full(nbytes.shape, np.inf)
     for algorithm in ALGORITHMS:
-        if collective in algorithm.collectives:
-            for proto in PROTOCOLS:
+        if collective in algorithm.collectives and algorithm.applies(case):
+            for proto in (SIMPLE,) if algorithm.simple_only else PROTOCOLS:
                 best = np.minimum(best, algorithm.time(case, proto))
     return np.where(n <= 1, 0.0, best)
 
