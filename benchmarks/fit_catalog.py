@@ -16,8 +16,8 @@ from importlib import resources
 
 import numpy as np
 
-from scalelab.calibrate import CommPoint, StepPoint, fit
-from scalelab.config.catalog import load_cluster
+from scalelab.calibrate import CommPoint, StepPoint, fit, fit_stack
+from scalelab.config.catalog import load_cluster, load_stack
 from scalelab.config.hardware import ClusterParams
 from scalelab.validate import load_cases, predict_cases
 
@@ -77,6 +77,7 @@ def step_points(cases: list) -> list[StepPoint]:
             / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
             weight=scale / np.sqrt(per_source[c.source]),
             hardware=c.cluster,
+            stack=c.stack,
         )
         for c in cases
     ]
@@ -90,7 +91,7 @@ def mape(cases: list, params: dict | None) -> float:
             if params is None
             else c.cluster.model_copy(update={"params": c.cluster.params.model_copy(update=params)})
         )
-        moved.append(type(c)(c.run, c.model, cluster, c.layout))
+        moved.append(type(c)(c.run, c.model, cluster, c.layout, c.stack))
     measured = np.array([c.measured_tokens_per_s_per_gpu for c in cases])
     return float(np.mean(np.abs(predict_cases(moved) / measured - 1)))
 
@@ -175,6 +176,54 @@ def main() -> None:
             f"- {len(cases)} rows; validate MAPE with default parameters {mape(cases, uncalibrated) * 100:.1f} %, "
             f"refit now {mape(cases, result.fitted) * 100:.1f} %, catalog {mape(cases, None) * 100:.1f} %",
         )
+    stack_fits()
+
+
+# Stack parameters fitted on the runs of the stack's own source (in-sample numbers: validate's
+# cross-validation drops them when that source is held out). (stack, FP8 recipe or None, names.)
+STACK_FITS: tuple[tuple[str, str | None, list[str]], ...] = (
+    ("aleph-alpha-scaling", None, ["tp_layer_overhead_us"]),
+    ("torchtitan", "fp8-tensorwise", ["fp8_efficiency_ratio"]),
+    ("torchtitan", "fp8-blockwise", ["fp8_efficiency_ratio"]),
+)
+
+
+def stack_fits() -> None:
+    """Each stack's fitted numbers (calibrate.fit_stack), the clusters' parameters held fixed."""
+    cases = load_cases()[0]
+    for name, recipe, names in STACK_FITS:
+        chosen = [
+            c
+            for c in cases
+            if c.stack.name == name and (recipe is None or str(c.run.precision) == recipe)
+        ]
+        points = [
+            StepPoint(
+                c.model,
+                c.layout,
+                c.layout.global_batch
+                * c.layout.seq_len
+                / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
+                hardware=c.cluster,
+                stack=c.stack.unfitted(),
+            )
+            for c in chosen
+        ]
+        fitted = fit_stack(points, names)
+        stack = load_stack(name)
+        catalog = (
+            {"fp8_efficiency_ratio": stack.fp8_recipe_ratios.get(recipe)}
+            if recipe
+            else stack.params.model_dump()
+        )
+        groups = sorted({c.source for c in chosen})
+        print(
+            f"\n## stack {name}{f' ({recipe})' if recipe else ''}: {len(chosen)} runs of {groups}"
+        )
+        print("| parameter | fitted now | catalog |")
+        print("|---|---:|---:|")
+        for n in names:
+            print(f"| {n} | {fitted[n]:.4g} | {catalog.get(n)} |")
 
 
 if __name__ == "__main__":

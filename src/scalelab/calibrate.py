@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from scalelab.config.hardware import ClusterParams, ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable
 from scalelab.config.model import ModelSpec
+from scalelab.config.stack import StackSpec
 from scalelab.errors import InputError
 from scalelab.io import atomic_write_text
 from scalelab.perf import comm
@@ -120,6 +121,9 @@ class StepPoint:
     hardware: ClusterSpec | None = (
         None  # this run's own node type; the fitted parameters apply to it
     )
+    # The software stack the run states (None: `generic`): its behaviour (overlaps, norm kernel,
+    # gradient sync) is part of the prediction the fitted parameters must explain.
+    stack: StackSpec | None = None
 
 
 @dataclass
@@ -164,15 +168,17 @@ def _predict_all(
             collective, np.array([p.nbytes for p in pts]), shape, cluster
         )
     step_pred = np.zeros(2 * len(step_points))
-    by_model: dict[tuple[str, str], list[int]] = defaultdict(list)
+    by_model: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     for i, point in enumerate(step_points):
         hw = point.hardware.model_dump_json() if point.hardware is not None else ""
-        by_model[(point.model.model_dump_json(), hw)].append(i)
+        st = point.stack.model_dump_json() if point.stack is not None else ""
+        by_model[(point.model.model_dump_json(), hw, st)].append(i)
     for idx in by_model.values():
         table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
-        own = step_points[idx[0]].hardware
+        first = step_points[idx[0]]
+        own = first.hardware
         target = cluster if own is None else own.model_copy(update={"params": cluster.params})
-        pred = predict(step_points[idx[0]].model, target, table)
+        pred = predict(first.model, target, table, first.stack)
         step_pred[idx] = pred["step_time_s"]
         step_pred[[len(step_points) + i for i in idx]] = pred["power_w_per_gpu"]
     return comm_pred, step_pred
@@ -334,6 +340,54 @@ def fit(
         collinear=collinear,
         reasons=reasons,
     )
+
+
+def fit_stack(
+    step_points: list[StepPoint], names: list[str], max_nfev: int = 100
+) -> dict[str, float]:
+    """Fit the stack parameters `names` (`StackParams` fields) to training runs, each point
+    keeping its own hardware and cluster parameters: what the framework costs beyond what the
+    cluster's (separately fitted) parameters explain. Bounded least squares on log step-time
+    errors, each point weighted by its `weight`. Every point needs `hardware` and `stack`."""
+    from scipy.optimize import least_squares
+
+    if not step_points or any(p.hardware is None or p.stack is None for p in step_points):
+        raise InputError("records", "stack fits need runs with their hardware and stack")
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
+    # Start inside the bounds, away from a zero that a relative finite difference cannot move.
+    x0 = np.clip(_stack_start(names), lo + 1e-9, hi - 1e-9)
+    measured = np.array([p.step_time_s for p in step_points])
+    weights = np.array([p.weight for p in step_points]) / np.sqrt(len(step_points))
+    groups: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for i, p in enumerate(step_points):
+        assert p.hardware is not None and p.stack is not None
+        key = (p.model.model_dump_json(), p.hardware.model_dump_json(), p.stack.model_dump_json())
+        groups[key].append(i)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        values = dict(zip(names, x.tolist(), strict=True))
+        pred = np.zeros(len(step_points))
+        for idx in groups.values():
+            first = step_points[idx[0]]
+            assert first.hardware is not None and first.stack is not None
+            stack = first.stack.model_copy(
+                update={"params": first.stack.params.model_copy(update=values)}
+            )
+            table = LayoutTable.from_layouts([step_points[i].layout for i in idx])
+            pred[idx] = predict(first.model, first.hardware, table, stack)["step_time_s"]
+        return weights * np.log(np.maximum(pred, 1e-12) / measured)
+
+    solution = least_squares(
+        residuals, x0, bounds=(lo, hi), x_scale="jac", diff_step=1e-3, max_nfev=max_nfev
+    )
+    return {n: float(v) for n, v in zip(names, solution.x, strict=True)}
+
+
+def _stack_start(names: list[str]) -> np.ndarray:
+    """A starting point for stack fits: host costs at 100 µs / 100 ms, ratios at 0.75."""
+    start = {"step_overhead_ms": 100.0, "fp8_efficiency_ratio": 0.75, "attention_efficiency": 0.3}
+    return np.array([start.get(n, 100.0) for n in names])
 
 
 def collinear_groups(

@@ -170,3 +170,41 @@ def test_not_a_record_and_missing_path(cli, tmp_path) -> None:
     assert cli("calibrate", str(bad)).returncode == 2
     r = cli("calibrate", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no such file or folder" in r.stderr
+
+
+def test_each_step_point_is_predicted_with_its_own_stack() -> None:
+    """A run measured on a stack that runs its norm eagerly (torchtitan) is predicted slower than
+    the same layout on the generic stack, so calibrate does not lower the hardware's efficiency
+    to explain what the framework costs."""
+    from scalelab.config.catalog import load_stack
+
+    model = load_model("llama2-7b")
+    layout = Layout(gpus=8, global_batch=8, seq_len=4096)
+    points = [
+        StepPoint(model, layout, 1.0),
+        StepPoint(model, layout, 1.0, stack=load_stack("torchtitan")),
+    ]
+    _, step = _predict_all(_H100, [], points)
+    assert step[1] > step[0] * 1.01
+
+
+def test_fit_stack_recovers_a_stack_parameter_with_the_cluster_fixed() -> None:
+    """calibrate fits a stack's number (here the TP host cost per layer) on runs that keep their
+    own cluster parameters: synthetic step times made with 400 µs come back as 400 µs."""
+    from scalelab.calibrate import fit_stack
+    from scalelab.config.catalog import load_stack
+
+    model = load_model("llama2-7b")
+    truth = load_stack("generic")
+    truth = truth.model_copy(
+        update={"params": truth.params.model_copy(update={"tp_layer_overhead_us": 400.0})}
+    )
+    layouts = [Layout(gpus=8, global_batch=64, seq_len=2048, tp=t) for t in (1, 2, 4, 8)]
+    made = [StepPoint(model, lay, 0.0, hardware=_H100, stack=truth) for lay in layouts]
+    _, step = _predict_all(_H100, [], made)
+    points = [
+        StepPoint(model, p.layout, float(t), hardware=_H100, stack=load_stack("generic"))
+        for p, t in zip(made, step[: len(made)], strict=True)
+    ]
+    fitted = fit_stack(points, ["tp_layer_overhead_us"])
+    assert fitted["tp_layer_overhead_us"] == pytest.approx(400.0, rel=1e-3)

@@ -10,12 +10,14 @@ import pytest
 
 from scalelab.config.catalog import load_cluster, load_model, load_stack, stack_names
 from scalelab.config.layout import Layout, LayoutTable
+from scalelab.config.options import AttentionKernel
 from scalelab.errors import InputError
 from scalelab.perf.predict import predict, predict_layout
 from scalelab.runs.rules import read_stack
 from scalelab.search import search
 
 H100 = load_cluster("h100-ib")
+LAYERNORM_MODEL = "gpt3-175b"
 
 
 def _row(model: str, layout: Layout, stack: str) -> dict:
@@ -127,9 +129,87 @@ def test_unknown_stack_and_a_stack_file(tmp_path: Path) -> None:
         ("NeMo 24.07 container (Megatron-Core)", "megatron-core-te"),
         ("Megatron-LM (April 2021)", "megatron-lm-2021"),
         ("llm-foundry / Composer (Jan 2024)", "composer"),
-        ("Aleph Alpha Megatron-based codebase", None),
+        ("Aleph Alpha Megatron-based codebase", "aleph-alpha-scaling"),
         ("OneFlow-GPT (2021)", None),
     ],
 )
 def test_the_stack_a_run_states_is_read(text: str, stack: str | None) -> None:
     assert read_stack(text) == stack
+
+
+def test_eager_rmsnorm_pays_its_counted_hbm_passes() -> None:
+    """An eager RMSNorm (torch.nn.RMSNorm before PyTorch 2.8, torchtitan's default) moves 32 B per
+    element more than a fused kernel forward and 52 B backward, twice per layer; LayerNorm and
+    fused stacks are unchanged."""
+    from scalelab.perf.compute import layer_compute
+
+    model = load_model("llama2-13b")
+    one = np.ones(1, dtype=np.int64)
+    args = dict(
+        micro_batch=2 * one,
+        seq_len=4096 * one,
+        tp=one,
+        cp=one,
+        sequence_parallel=np.zeros(1, dtype=bool),
+        fp8=np.zeros(1, dtype=bool),
+        attention=np.full(1, AttentionKernel.FLASH.code),
+    )
+    fused = layer_compute(model, H100, **args)
+    eager = layer_compute(model, H100, **args, eager_norm=True)
+    hbm = H100.gpu.hbm_bytes_per_s * H100.params.hbm_efficiency
+    elems = 2 * (2 * 4096) * model.d_model  # two norms over micro-batch x sequence x d_model
+    assert eager.forward_s[0] - fused.forward_s[0] == pytest.approx(32 * elems / hbm)
+    assert eager.backward_s[0] - fused.backward_s[0] == pytest.approx(52 * elems / hbm)
+    gpt = load_model(LAYERNORM_MODEL)
+    assert gpt.norm == "layernorm"
+    assert layer_compute(gpt, H100, **args, eager_norm=True).forward_s[0] == pytest.approx(
+        layer_compute(gpt, H100, **args).forward_s[0]
+    )
+    # Through the stack: torchtitan runs it eager, so the same layout is slower than generic's.
+    layout = Layout(gpus=8, global_batch=8, seq_len=4096)
+    assert (
+        _row("llama2-7b", layout, "torchtitan")["compute_s"]
+        > _row("llama2-7b", layout, "generic")["compute_s"]
+    )
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_gradient_allreduce_after_backward_is_exposed(pp: int) -> None:
+    """A stack that all-reduces every gradient after the last backward (Aleph Alpha's codebase:
+    ZeRO-1 by AllReduce, in the optimizer step) exposes all of it; ZeRO-1 by ReduceScatter
+    overlapped with backward (generic) hides most of it and moves half the bytes."""
+    layout = Layout(gpus=64, global_batch=256, seq_len=2048, sharding="zero1", tp=2, pp=pp)
+    plain = _row("llama2-13b", layout, "generic")
+    late = _row("llama2-13b", layout, "aleph-alpha-scaling")
+    assert late["dp_grad_reduce_s"] > 1.5 * plain["dp_grad_reduce_s"]
+    assert late["dp_grad_reduce_exposed_s"] == pytest.approx(late["dp_grad_reduce_s"], rel=1e-6)
+    assert plain["dp_grad_reduce_exposed_s"] < 0.5 * plain["dp_grad_reduce_s"]
+    assert late["step_time_s"] - plain["step_time_s"] > 0.5 * late["dp_grad_reduce_s"]
+
+
+def test_torchtitan_selective_recompute_keeps_every_other_matmul_and_recomputes_the_rest() -> None:
+    """torchtitan's per-op SAC (stacks.yaml selective_recompute: alternate-matmuls) recomputes
+    wk, wo and w3 in backward, not the attention core, and keeps only the saved ops' outputs."""
+    from scalelab.perf.memory import alternate_matmul_bytes_per_layer
+
+    layout = Layout(gpus=8, global_batch=16, seq_len=8192, micro_batch=2, recompute="selective")
+    generic = load_stack("generic")
+    titan_like = generic.model_copy(update={"selective_recompute": "alternate-matmuls"})
+    model = load_model("llama3-8b")
+    table = LayoutTable.from_layouts([layout])
+    a = predict(model, H100, table, generic).row(0)
+    b = predict(model, H100, table, titan_like).row(0)
+    lc = __import__("scalelab.perf.compute", fromlist=["layer_compute"]).layer_compute(
+        model, H100, micro_batch=table.micro_batch, seq_len=table.seq_len, tp=table.tp,
+        cp=table.cp, sequence_parallel=np.zeros(1, dtype=bool), fp8=table.is_fp8,
+        attention=table.attention,
+    )  # fmt: skip
+    per_layer = lc.alternate_gemm_forward_s[0] + lc.elementwise_forward_s[0]
+    assert b["recompute_s"] == pytest.approx(model.n_layers * per_layer, rel=1e-9)
+    tokens = np.array([2 * 8192.0])
+    kept = alternate_matmul_bytes_per_layer(
+        model, tokens, np.ones(1, dtype=np.int64), np.zeros(1, dtype=bool)
+    )
+    d, kv, ff = model.d_model, model.kv_dim, model.d_ff
+    assert kept[0] == pytest.approx(2 * tokens[0] * (d + kv + ff + d + d + d))
+    assert b["memory_activations_bytes"] < a["memory_activations_bytes"]

@@ -164,3 +164,47 @@ def test_cross_validation_never_sees_the_held_out_measurements() -> None:
     assert not np.allclose(
         np.array(base["predicted"])[oneflow], np.array(other["predicted"])[oneflow]
     )
+
+
+def test_each_run_is_predicted_with_the_norm_kernel_it_states() -> None:
+    """Hagemann et al.'s trials with the fused RMSNorm kernel read fused, their other trials eager
+    (review sheet); torch.compile fuses the norm; a run that states nothing keeps its stack's."""
+    from scalelab.validate.cases import predict_cases
+
+    cases, _ = load_cases()
+    for case in cases:
+        notes = case.run.notes
+        if "JohannesHa/COLM" in case.run.source:
+            want = "fused" if "RMS kernel" in notes else "eager"
+            assert case.run.norm_kernel == want
+        if case.run.torch_compile:
+            assert case.run.norm_kernel == "fused"
+        stated = case.run.norm_kernel
+        assert case.stack.norm_kernel == (stated or case.stack.norm_kernel)
+    # The same Hagemann layout, eager against fused: slower by the norm's extra HBM passes.
+    eager = next(c for c in cases if c.run.norm_kernel == "eager" and c.run.tp == 4)
+    fused = eager.__class__(
+        eager.run, eager.model, eager.cluster, eager.layout,
+        eager.stack.model_copy(update={"norm_kernel": "fused"}),
+    )  # fmt: skip
+    slow, fast = predict_cases([eager, fused])
+    assert slow < 0.95 * fast
+
+
+def test_a_stack_number_fitted_on_a_source_is_dropped_when_it_is_held_out() -> None:
+    """Stacks' fitted numbers (stacks.yaml `fitted_on`) are in-sample: the held-out prediction of
+    their own source uses the stack without them, so it differs from the in-sample one."""
+    from scalelab.validate.cases import predict_cases
+
+    cases, _ = load_cases()
+    fitted = [c for c in cases if c.source in c.stack.fitted_on]
+    assert fitted, "some shipped stack states numbers fitted on its source"
+    case = next(c for c in fitted if c.layout.tp > 1)
+    bare = case.stack.unfitted()
+    assert bare.params.model_dump(exclude_none=True) == {}
+    assert bare.fp8_recipe_ratios == {}
+    assert bare.norm_kernel == case.stack.norm_kernel  # behaviours stay
+    with_number, without = predict_cases(
+        [case, type(case)(case.run, case.model, case.cluster, case.layout, bare)]
+    )
+    assert with_number != pytest.approx(without, rel=1e-3)

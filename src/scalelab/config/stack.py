@@ -11,6 +11,8 @@ default, changes nothing: the predictor's assumptions as documented in perf/.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +28,7 @@ STACK_PARAMS: tuple[str, ...] = (
     "collective_overhead_us",
     "layer_overhead_us",
     "step_overhead_ms",
+    "tp_layer_overhead_us",
 )
 
 
@@ -57,6 +60,13 @@ class StackParams(BaseModel):
     )
     step_overhead_ms: float | None = Field(
         None, ge=0, description="ms of fixed per-step work (dataloader, logging, hooks)"
+    )
+    tp_layer_overhead_us: float | None = Field(
+        None,
+        ge=0,
+        description="µs per layer per forward (twice in backward) that tensor parallelism adds "
+        "beyond its collectives' NCCL time: host dispatch and the wait for the slowest rank at "
+        "each TP collective (ClusterParams.tp_layer_overhead_us)",
     )
 
 
@@ -99,7 +109,45 @@ class StackSpec(BaseModel):
         "steady state (Megatron's overlap_p2p_comm): only warm-up and cool-down transfers are "
         "exposed",
     )
+    grad_reduce_overlap: bool = Field(
+        True,
+        description="data-parallel gradient reduction issued layer by layer during backward and "
+        "overlapped with it (FSDP, DDP buckets, Megatron's overlap_grad_reduce); False: one "
+        "reduction of every gradient after the last backward, exposed (an optimizer-step "
+        "all-reduce)",
+    )
+    zero1_grad_reduce: Literal["reduce_scatter", "all_reduce"] = Field(
+        "reduce_scatter",
+        description="how ZeRO-1 reduces gradients: a ReduceScatter into each rank's partition, "
+        "or an AllReduce of every gradient after which each rank keeps its partition (the "
+        "first ZeRO-1 of DeepSpeed and its derivatives)",
+    )
+    norm_kernel: Literal["fused", "eager"] = Field(
+        "fused",
+        description="how the framework runs RMSNorm: one fused kernel (Transformer Engine, Apex, "
+        "flash-attn's rms_norm, torch.compile) or eager PyTorch ops upcast to fp32 "
+        "(torch.nn.RMSNorm before PyTorch 2.8, Hugging Face's LlamaRMSNorm), whose extra HBM "
+        "passes perf/compute.py counts; LayerNorm is one kernel either way",
+    )
+    selective_recompute: Literal["attention", "alternate-matmuls"] = Field(
+        "attention",
+        description="what `--recompute selective` recomputes in this framework: the attention "
+        "core and element-wise ops (Korthikanti et al. 2022; Megatron) or, as torchtitan's "
+        "per-op selective checkpointing does, every second matmul of the layer's forward and "
+        "every op that is not a matmul, attention or a TP ReduceScatter (the attention output "
+        "is saved)",
+    )
     params: StackParams = Field(default_factory=StackParams)
+    fp8_recipe_ratios: dict[str, float] = Field(
+        default_factory=dict,
+        description="fp8_efficiency_ratio per FP8 recipe a run states (fp8-tensorwise, "
+        "fp8-blockwise, ...): the recipe's realised speed in this framework",
+    )
+    fitted_on: tuple[str, ...] = Field(
+        default=(),
+        description="source groups the numbers in `params` and `fp8_recipe_ratios` were fitted "
+        "on (`calibrate.fit_stack`); validate's cross-validation drops them for those groups",
+    )
     source: str = Field("", description="where each behaviour and parameter comes from")
 
     def grad_sync_every_microbatch(self, table: LayoutTable) -> np.ndarray:
@@ -110,6 +158,18 @@ class StackSpec(BaseModel):
         schedule; Megatron after the last micro-batch)."""
         codes = [s.code for s in self.microbatch_grad_sync]
         return np.isin(table.sharding, codes) & (table.pp == 1)
+
+    def unfitted(self) -> StackSpec:
+        """This stack without the numbers fitted to measurements (behaviours stay)."""
+        return self.model_copy(update={"params": StackParams(), "fp8_recipe_ratios": {}})
+
+    def for_recipe(self, recipe: str) -> StackSpec:
+        """This stack with the FP8 ratio of `recipe` where it states one."""
+        ratio = self.fp8_recipe_ratios.get(recipe)
+        if ratio is None:
+            return self
+        params = self.params.model_copy(update={"fp8_efficiency_ratio": ratio})
+        return self.model_copy(update={"params": params})
 
     def cluster_for(self, cluster: ClusterSpec) -> ClusterSpec:
         """`cluster` with this stack's parameters in place of the cluster's where it sets them."""

@@ -7,7 +7,8 @@ peak (backward does 2.5x the forward's FLOPs, as FlashAttention-2 recomputes the
 "math" kernel (unfused PyTorch attention) and the "fused" kernel (Megatron's fused
 scale-mask-softmax) materialise the score matrix and pay its HBM traffic; FlashAttention v1
 ("flash1") runs at half FlashAttention-2's rate (Dao 2023, arXiv 2307.08691). Element-wise and norm ops
-are bound by HBM bandwidth.
+are bound by HBM bandwidth. An RMSNorm the stack runs as eager PyTorch ops (no fused kernel, no
+torch.compile) pays the HBM passes of its composite ops in fp32 (`EAGER_RMSNORM_*_BYTES`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ FP32_BYTES = 4.0
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 FLASH1_RELATIVE_RATE = 0.5
 ADAMW_BYTES_PER_PARAM = 40.0
+# HBM bytes per element an eager RMSNorm moves beyond a fused kernel's read + write (2 + 2 B in
+# bf16). Counted from the composite ops of torch.nn.functional.rms_norm in PyTorch 2.4-2.7
+# (aten/src/ATen/native/layer_norm.cpp, rms_norm_symint; the same ops as Hugging Face's
+# LlamaRMSNorm): upcast to fp32 (read 2, write 4), pow (4, 4), mean (4), multiply by the rsqrt
+# (4, 4), cast back (4, 2), multiply by the weight (2, 2) = 36 B forward; autograd's backward of
+# the same ops (weight 2+2+2, cast 2+4, multiply 4+4+4+4, pow 4+4+4, sum of the two gradient
+# paths 4+4+4, cast 4+2) = 60 B against a fused kernel's ~8 B. PyTorch 2.8 added a fused
+# rms_norm; Transformer Engine, Apex and flash-attn's rms_norm are one kernel each.
+EAGER_RMSNORM_FORWARD_BYTES = 36.0 - 4.0
+EAGER_RMSNORM_BACKWARD_BYTES = 60.0 - 8.0
+NORMS_PER_LAYER = 2
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,9 @@ class LayerCompute:
     attention_forward_s: np.ndarray
     elementwise_forward_s: np.ndarray
     gemm_forward_s: np.ndarray
+    # Every second matmul of the layer's forward, in the order a Llama block issues them (wq, wk,
+    # wv, wo, w1, w3, w2): what torchtitan's per-op selective checkpointing recomputes.
+    alternate_gemm_forward_s: np.ndarray
     head_forward_s: np.ndarray
     head_backward_s: np.ndarray
     forward_flops: np.ndarray
@@ -71,8 +86,10 @@ def layer_compute(
     sequence_parallel: np.ndarray,
     fp8: np.ndarray,
     attention: np.ndarray,
+    eager_norm: bool = False,
 ) -> LayerCompute:
-    """Forward and backward compute of one layer per micro-batch on one GPU."""
+    """Forward and backward compute of one layer per micro-batch on one GPU. `eager_norm`: the
+    stack runs RMSNorm as eager PyTorch ops (`StackSpec.norm_kernel`)."""
     p = cluster.params
     gpu = cluster.gpu
     d, kv, ff, heads = model.d_model, model.kv_dim, model.d_ff, model.n_heads
@@ -100,6 +117,16 @@ def layer_compute(
             2.0 * tokens * (d * (d / tp_f + 2 * kv_local) + (d * d + (n_up + 1) * d * ff) / tp_f)
         )
         attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * d / (tp_f * cp)
+        # wk, wo, then w3 (SwiGLU: w1, w3, w2) or w2 (GELU: w1, w2).
+        alternate_fwd = (
+            gemm_time(tokens, d, kv_local, linear_peak, cluster)
+            + gemm_time(tokens, d / tp_f, d, linear_peak, cluster)
+            + (
+                gemm_time(tokens, d, ff / tp_f, linear_peak, cluster)
+                if n_up == 2
+                else gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
+            )
+        )
     else:
         proj_params = model.attention_params / tp_f
         gemm_fwd = (
@@ -108,6 +135,7 @@ def layer_compute(
             + gemm_time(tokens, ff / tp_f, d, linear_peak, cluster)
         )
         gemm_flops = 2.0 * tokens * (proj_params + (n_up + 1) * d * ff / tp_f)
+        alternate_fwd = 0.5 * gemm_fwd  # projections of their own shape: about half
         core_width = model.attention_core_width / 2.0
         attn_flops_causal = 2.0 * micro_batch * seq_len * seq_len * core_width / (tp_f * cp)
     flash_rate = (
@@ -131,10 +159,16 @@ def layer_compute(
         sp_tokens * 10.0 * d + tokens * (2.0 * (d / tp_f + kv_local) + 4.0 * ff / tp_f)
     )
     elem_fwd = elem_bytes / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+    elem_bwd = 2.0 * elem_fwd
+    if eager_norm and model.norm == "rmsnorm":
+        # The layer's two RMSNorms see the sequence-parallel shard of the tokens.
+        norm_elems = NORMS_PER_LAYER * sp_tokens * d / (gpu.hbm_bytes_per_s * p.hbm_efficiency)
+        elem_fwd = elem_fwd + EAGER_RMSNORM_FORWARD_BYTES * norm_elems
+        elem_bwd = elem_bwd + EAGER_RMSNORM_BACKWARD_BYTES * norm_elems
     overhead = (p.layer_overhead_us + np.where(tp > 1, p.tp_layer_overhead_us, 0.0)) * 1e-6
 
     forward = gemm_fwd + attn_fwd + elem_fwd + overhead
-    backward = 2.0 * gemm_fwd + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead
+    backward = 2.0 * gemm_fwd + attn_bwd + elem_bwd + 2.0 * overhead
 
     vocab = model.vocab_size
     # The host cost of a micro-batch outside the layers (0 on GPU), a third in forward as for
@@ -152,6 +186,7 @@ def layer_compute(
         attention_forward_s=attn_fwd,
         elementwise_forward_s=elem_fwd,
         gemm_forward_s=gemm_fwd,
+        alternate_gemm_forward_s=np.asarray(alternate_fwd),
         head_forward_s=head_fwd,
         head_backward_s=head_bwd,
         forward_flops=gemm_flops + attn_flops_causal,

@@ -66,6 +66,23 @@ def activation_bytes_per_layer(
     return replicated + sharded + scores
 
 
+def alternate_matmul_bytes_per_layer(
+    model: ModelSpec, tokens: np.ndarray, tp: np.ndarray, sequence_parallel: np.ndarray
+) -> np.ndarray:
+    """Bytes a layer keeps under torchtitan's per-op selective checkpointing (bf16): the block's
+    input, the outputs of every other matmul (wq, wv, w1, w2: w2's before its ReduceScatter), the
+    attention output and, with SP, the two ReduceScatter outputs; everything else is recomputed
+    (parallelize_llama.py `_save_list`: mm, SDPA, reduce_scatter_tensor)."""
+    d, ff = model.d_model, model.d_ff
+    tp_f = tp.astype(float)
+    kv_local = model.kv_dim * model.kv_replication(tp_f) / tp_f
+    sp_tokens = np.where(sequence_parallel, tokens / tp_f, tokens)
+    saved_mm = d / tp_f + kv_local + ff / tp_f + d  # wq, wv, w1, w2 (local partial sums)
+    attention_out = d / tp_f
+    reduce_scatter = np.where(sequence_parallel & (tp > 1), 2.0 * d, 0.0)
+    return 2.0 * (tokens * (saved_mm + attention_out) + sp_tokens * (d + reduce_scatter))
+
+
 def memory_per_gpu(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -85,6 +102,7 @@ def memory_per_gpu(
     sequence_parallel: np.ndarray,
     math_attention: np.ndarray,
     moe: MoECost | None = None,
+    selective_alternate: bool = False,
 ) -> MemoryBreakdown:
     """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first). A MoE model's
     routed experts (`moe`) are held n_experts / ep per rank and sharded over expert_dp ranks."""
@@ -134,6 +152,8 @@ def memory_per_gpu(
     selective = activation_bytes_per_layer(
         model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
     )
+    if selective_alternate:
+        selective = alternate_matmul_bytes_per_layer(model, tokens, tp, sequence_parallel)
     if moe is not None:
         per_layer = per_layer + moe.activation_bytes
         selective = selective + moe.activation_bytes

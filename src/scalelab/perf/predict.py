@@ -185,6 +185,7 @@ def build_context(
         sequence_parallel=sp,
         fp8=table.is_fp8,
         attention=table.attention,
+        eager_norm=stack.norm_kernel == "eager",
     )
     return StepContext(
         model=model,
@@ -279,12 +280,20 @@ def context_parallel(ctx: StepContext) -> ContextParallelCost:
 
 def recomputation(ctx: StepContext, tp_layer: np.ndarray, cp: ContextParallelCost) -> np.ndarray:
     """Seconds per layer that recomputation adds to backward: the whole forward (with its TP and
-    CP communication) for `full`; the attention core and element-wise ops for `selective`."""
+    CP communication) for `full`; for `selective`, the attention core and element-wise ops, or
+    with the stack's per-op policy (torchtitan) every second matmul, the element-wise ops and
+    the TP collectives that feed the matmuls (AllGathers with SP, else the AllReduces; the
+    ReduceScatters are saved)."""
     lc, table = ctx.compute, ctx.table
+    if ctx.stack.selective_recompute == "alternate-matmuls":
+        tp_fed = np.where(ctx.sequence_parallel, 0.5, 1.0) * tp_layer
+        selective = lc.alternate_gemm_forward_s + lc.elementwise_forward_s + tp_fed
+    else:
+        selective = lc.attention_forward_s + lc.elementwise_forward_s
     return np.where(
         table.recompute_full,
         lc.forward_s + tp_layer + cp.forward_s,
-        np.where(table.recompute_selective, lc.attention_forward_s + lc.elementwise_forward_s, 0.0),
+        np.where(table.recompute_selective, selective, 0.0),
     )
 
 
@@ -329,10 +338,20 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     ar_full = comm.collective_time_where(
         table.is_ddp, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster
     )
+    zero_reduce = rs_shard
+    if ctx.stack.zero1_grad_reduce == "all_reduce":  # the stack's ZeRO-1 all-reduces everything
+        zero1 = table.is_zero & ~table.is_zero2
+        zero_reduce = np.where(
+            zero1,
+            comm.collective_time_where(
+                zero1, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster
+            ),
+            rs_shard,
+        )
     grad_reduce = np.where(
         full_shard,
         rs_shard + np.where(table.is_hsdp, ar_replica, 0.0),
-        np.where(table.is_zero, rs_shard, ar_full),
+        np.where(table.is_zero, zero_reduce, ar_full),
     )
     grad_reduce = np.where(dp_cp > 1, grad_reduce + ctx.call_s, 0.0)
     # DDP with buckets (`ddp_bucket_mib` > 0, CPU): no per-layer AllReduce (`ddp_buckets`).
@@ -379,6 +398,12 @@ def flat_step(
     def take(values: np.ndarray) -> np.ndarray:
         return values if every else values[rows]
 
+    # A stack that reduces gradients after the last backward (`grad_reduce_overlap` False) pays
+    # the whole reduction once per reduction, exposed, after the simulated passes.
+    overlap = ctx.stack.grad_reduce_overlap
+    after = (
+        0.0 if overlap else take(ctx.model.n_layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s)
+    )
     common: dict[str, Any] = dict(
         n_layers=ctx.model.n_layers,
         forward_s=take(fwd),
@@ -386,9 +411,9 @@ def flat_step(
         head_forward_s=take(lc.head_forward_s),
         head_backward_s=take(lc.head_backward_s),
         all_gather_s=take(dpc.all_gather_s),
-        grad_reduce_s=take(dpc.grad_reduce_s),
+        grad_reduce_s=take(dpc.grad_reduce_s) * float(overlap),
         root_all_gather_s=take(dpc.root_all_gather_s),
-        root_grad_reduce_s=take(dpc.root_grad_reduce_s),
+        root_grad_reduce_s=take(dpc.root_grad_reduce_s) * float(overlap),
         gather_in_backward=take(ctx.table.reshard_after_forward),
         interference=ctx.cluster.overlap_interference,
     )
@@ -411,10 +436,13 @@ def flat_step(
         full[rows] = values
         return full
 
+    after_total = after * np.where(sync_each, m_f, 1.0)
     return StepCost(
-        time_s=scatter(last.time_s + (m_f - 1.0) * other.time_s),
+        time_s=scatter(last.time_s + (m_f - 1.0) * other.time_s + after_total),
         compute_busy_s=scatter(last.compute_busy_s + (m_f - 1.0) * other.compute_busy_s),
-        dp_exposed_s=scatter(last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s),
+        dp_exposed_s=scatter(
+            last.exposed_comm_s + (m_f - 1.0) * other.exposed_comm_s + after_total
+        ),
         bubble_s=zeros,
         p2p_s=zeros,
         interfered_s=scatter(last.interfered_s + (m_f - 1.0) * other.interfered_s),
@@ -456,10 +484,11 @@ def pipeline_parallel(
     # reduce once per step, or on every micro-batch where the stack does so.
     reduces = ctx.grad_reduces_per_step
     slow = ctx.cluster.overlap_interference
-    interfered = layers_per_stage * (np.minimum(ag, fwd) + reduces * np.minimum(grad_reduce, bwd))
+    # Without `grad_reduce_overlap` the stack reduces every gradient after the last backward.
+    hidden_reduce = np.minimum(grad_reduce, bwd) if ctx.stack.grad_reduce_overlap else 0.0
+    interfered = layers_per_stage * (np.minimum(ag, fwd) + reduces * hidden_reduce)
     dp_exposed = (
-        layers_per_stage
-        * (np.maximum(0.0, ag - fwd) + reduces * np.maximum(0.0, grad_reduce - bwd))
+        layers_per_stage * (np.maximum(0.0, ag - fwd) + reduces * (grad_reduce - hidden_reduce))
         + dpc.root_all_gather_s
         + reduces * dpc.root_grad_reduce_s
     )
@@ -622,6 +651,7 @@ def predict(
         sequence_parallel=ctx.sequence_parallel,
         math_attention=table.materialises_scores,
         moe=ctx.moe,
+        selective_alternate=ctx.stack.selective_recompute == "alternate-matmuls",
     )
     power = average_power_w(
         cluster,

@@ -550,6 +550,17 @@ def _read_kernels(r: _Reader, f: dict[str, Any]) -> None:
     r.note("async_tp", async_tp, "notes" if async_tp is not None else "not stated")
     r.note("torch_compile", compiled, "notes" if compiled is not None else "not stated")
     f["async_tp"], f["torch_compile"] = async_tp, compiled
+    norm = r.text("norm_kernel").lower() or None
+    if norm is not None and norm not in ("fused", "eager"):
+        raise _SkipError(f"unreadable norm_kernel ({norm!r})")
+    if norm is not None:
+        r.note("norm_kernel", norm, r.source_of("norm_kernel"))
+    elif compiled:
+        norm = "fused"
+        r.note("norm_kernel", norm, "torch.compile (Inductor) fuses the norm's element-wise ops")
+    else:
+        r.note("norm_kernel", None, "not stated: the stack's norm kernel")
+    f["norm_kernel"] = norm
 
 
 def _read_measurement(r: _Reader, f: dict[str, Any]) -> None:

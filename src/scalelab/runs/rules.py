@@ -296,6 +296,7 @@ _STACKS: tuple[tuple[str, str], ...] = (
     (r"\bmegatron[- ]lm\b.*\b2021\b", "megatron-lm-2021"),
     (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
     (r"\bdeepspeed\b", "deepspeed-zero"),
+    (r"\baleph alpha\b", "aleph-alpha-scaling"),
 )
 
 

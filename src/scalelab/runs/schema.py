@@ -14,7 +14,7 @@ import io
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -141,6 +141,11 @@ class Run(BaseModel):
     )
     torch_compile: bool | None = Field(
         default=None, description="torch.compile used (None: not stated)"
+    )
+    norm_kernel: Literal["fused", "eager"] | None = Field(
+        default=None,
+        description="RMSNorm as one fused kernel or as eager PyTorch ops (None: not stated; the "
+        "stack's `norm_kernel` applies)",
     )
 
     # Measurement -------------------------------------------------------------------------------

@@ -146,6 +146,10 @@ def case_from_run(run: Run) -> RunCase | str:
     if errors:
         return f"layout not valid for the predictor ({errors[0].field})"
     stack = load_stack(read_stack(run.stack))
+    if run.norm_kernel is not None and run.norm_kernel != stack.norm_kernel:
+        # The run states how its norm ran (a fused kernel, torch.compile, or eager ops).
+        stack = stack.model_copy(update={"norm_kernel": run.norm_kernel})
+    stack = stack.for_recipe(str(run.precision))
     try:
         stack.check(layout)
     except InputError as exc:
@@ -186,7 +190,7 @@ def predict_cases_full(
             )
         key = cluster.model_dump_json()
         clusters[key] = cluster
-        groups[(case.model.model_dump_json(), key, case.stack.name)].append(i)
+        groups[(case.model.model_dump_json(), key, case.stack.model_dump_json())].append(i)
     for (_, key, _), idx in groups.items():
         table = LayoutTable.from_layouts([cases[i].layout for i in idx])
         prediction = predict(cases[idx[0]].model, clusters[key], table, cases[idx[0]].stack)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ def _fit(base: ClusterSpec, train: list[RunCase]) -> dict[str, float]:
             source=c.source,
             weight=scale / math.sqrt(per_source[c.source]),
             hardware=c.cluster,
+            stack=c.stack,
         )
         for c in train
     ]
@@ -117,7 +119,11 @@ def cross_validate(cases: list[RunCase]) -> dict[str, Any]:
                     f"no other source group on this cluster: parameters fitted on {richest} "
                     f"({len(per_cluster[richest])} runs of other source groups)"
                 )
-        test = [cases[i] for i in test_idx]
+        # A stack's numbers fitted on the held-out group are not used for it (behaviours stay).
+        test = [
+            replace(c, stack=c.stack.unfitted()) if held_out in c.stack.fitted_on else c
+            for c in (cases[i] for i in test_idx)
+        ]
         predicted[test_idx] = predict_cases_full(test, params)["tokens_per_s_per_gpu"]
         detail[held_out] = {
             "clusters": how,
