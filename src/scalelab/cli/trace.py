@@ -132,6 +132,24 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
     if args and args[0] == "diff" and not Path("diff").exists():
         return _run_diff(_diff_parser().parse_args(args[1:]))
     opts = _parser().parse_args(args)
+    if _plain_report_only(opts):
+        # The default table of one GPU trace needs no numpy: computed in plain Python (`plain`),
+        # which gives the same numbers; anything it does not cover takes the full analysis.
+        from scalelab.trace import load, plain
+
+        if exits:
+            load.keep_parsed = []
+        try:
+            found = plain.report(opts.paths)
+        except Exception:  # UnsupportedError, or a bad file: the full analysis reports it
+            pass
+        else:
+            out = _Out()
+            _render(
+                out, found, per_step=opts.per_step, stragglers=False, kernels=False, bandwidth=False
+            )
+            out.flush()
+            return 0
     from scalelab.trace import load
 
     # A head start on the first file beside the imports of numpy and the analysis: a command
@@ -177,6 +195,17 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
         out.line(f"wrote {path}")
     out.flush()
     return 0
+
+
+def _plain_report_only(opts: argparse.Namespace) -> bool:
+    """Whether the command asks for the default table only (`--per-step` included)."""
+    return (
+        opts.parser == "auto"
+        and not opts.json_out
+        and not (opts.stragglers or opts.kernels or opts.bandwidth or opts.show_all)
+        and opts.cluster is None
+        and opts.plot is None
+    )
 
 
 def _start_background(paths: list[Path]) -> bool:
