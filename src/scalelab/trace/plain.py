@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
-from itertools import accumulate, compress
-from operator import itemgetter, sub
+from itertools import accumulate, compress, islice, repeat
+from operator import add, eq, gt, itemgetter, mul, ne, sub
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +200,16 @@ def _us_to_ns(t: float) -> int:
 
 def _to_ns(ts: list[float]) -> list[int]:
     """`_us_to_ns` of many finite floats; for non-negative ones (every real trace) `modf`
-    splits them as `floor` does, without a Python call per value."""
+    splits them as `floor` does, and C-level maps do the rest."""
     if ts and min(ts) >= 0.0:
-        return [int(w) * 1000 + round(f * 1000.0) for f, w in map(math.modf, ts)]
+        fraction, whole = zip(*map(math.modf, ts), strict=True)
+        return list(
+            map(
+                add,
+                map(mul, map(int, whole), repeat(1000)),
+                map(round, map(mul, fraction, repeat(1000.0))),
+            )
+        )
     return list(map(_us_to_ns, ts))
 
 
@@ -243,7 +250,7 @@ def _ns_times(ts: list[Any], dur: list[Any]) -> tuple[list[int], list[int]]:
     if all(map(math.isfinite, dur)) and min(dur) >= 0.0:
         if max(dur) > _MAX_TIME_US:
             raise UnsupportedError("a duration is out of range")
-        return start, [s + round(d * 1000.0) for s, d in zip(start, dur, strict=True)]
+        return start, list(map(add, start, map(round, map(mul, dur, repeat(1000.0)))))
     ends = []
     for s, d in zip(start, dur, strict=True):
         if d != d:  # NaN: an instant
@@ -423,22 +430,22 @@ def _from_annotations(
 
 
 def _union(starts: list[int], ends: list[int]) -> Intervals:
-    """The union of arbitrary intervals (empty ones dropped)."""
-    pairs = sorted((s, e) for s, e in zip(starts, ends, strict=True) if e > s)
-    out_s: list[int] = []
-    out_e: list[int] = []
-    if not pairs:
-        return out_s, out_e
-    cur_s, reach = pairs[0]
-    for s, e in pairs:
-        if s > reach:
-            out_s.append(cur_s)
-            out_e.append(reach)
-            cur_s, reach = s, e
-        elif e > reach:
-            reach = e
-    out_s.append(cur_s)
-    out_e.append(reach)
+    """The union of intervals (each end >= its start), merged where they overlap or touch.
+
+    With the starts and the ends sorted apart, the k-th smallest start is at most the k-th
+    smallest end, and the union has a gap after the k-th end exactly where the (k+1)-th start
+    lies beyond it: no Python-level loop, only sorts and C-level maps."""
+    n = len(starts)
+    if n == 0:
+        return [], []
+    s_sorted = sorted(starts)
+    e_sorted = sorted(ends)
+    gaps = list(compress(range(n - 1), map(gt, islice(s_sorted, 1, None), e_sorted)))
+    out_s = [s_sorted[0], *map(s_sorted.__getitem__, map(add, gaps, repeat(1)))]
+    out_e = [*map(e_sorted.__getitem__, gaps), e_sorted[-1]]
+    if any(map(eq, out_s, out_e)):  # empty intervals on their own: no time, dropped
+        keep = list(map(ne, out_s, out_e))
+        out_s, out_e = list(compress(out_s, keep)), list(compress(out_e, keep))
     return out_s, out_e
 
 
