@@ -19,7 +19,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from itertools import accumulate, compress, islice, repeat
-from operator import add, eq, gt, itemgetter, mul, ne, sub
+from operator import add, eq, ge, gt, itemgetter, lt, mul, ne, sub
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,12 @@ Intervals = tuple[list[int], list[int]]
 
 _MAX_TIME_US = float(2**53)  # as extract.MAX_TIME_US
 _COLLECTIVE_INDEX = {name: i for i, name in enumerate(classify.COLLECTIVES)}
+
+
+# Decompressed bytes above which a command leaves a trace to the full analysis: there the
+# numpy analysis, whose import a command hides behind decoding the file in a child process
+# (`background`), is faster than these lists (per event, this module is slower than numpy).
+MAX_BYTES = 20_000_000
 
 
 class UnsupportedError(Exception):
@@ -70,10 +76,9 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     n_kernels = c.n_kernels
     start, end = _ns_times(c.device_ts[0], c.device_dur[0])
     comm_rows = c.comm_rows
-    is_comm = [False] * len(start)
+    not_comm = [True] * n_kernels
     for i in comm_rows:
-        is_comm[i] = True
-    not_comm = [not v for v in is_comm]
+        not_comm[i] = False
     compute = _union(
         list(compress(start[:n_kernels], not_comm)), list(compress(end[:n_kernels], not_comm))
     )
@@ -85,17 +90,18 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     lenient = (c.device_ts, c.device_dur, c.runtime_ts, c.runtime_dur, c.annotation_ts)
     if any(column[1] for column in (*lenient, c.annotation_dur)):
         raise UnsupportedError("an event lacks a time")
-    _ns_times(c.annotation_ts[0], c.annotation_dur[0])  # checked as extract checks them
+    _check(c.annotation_ts[0], "annotation timestamps")  # checked as extract checks them
+    _check_durations(c.annotation_dur[0])
     rt_ts = c.runtime_ts[0]
     if rt_ts and set(map(type, rt_ts)) != {float}:
         raise UnsupportedError("a launch call's timestamp is not a number")
     launch_row = _launch_rows(_ints(c.device_corr), _ints(c.runtime_corr))
-    # Device events linked to their launch call, and the call's start in nanoseconds
-    linked = [i for i, r in enumerate(launch_row) if r >= 0]
+    # Device events linked to their launch call, and the call's time (µs, as in the trace)
+    linked = list(compress(range(len(launch_row)), map(ge, launch_row, repeat(0))))
     if linked:  # extract then converts every launch call's times (and refuses odd ones)
         _check(rt_ts, "launch call timestamps")
         _check_durations(c.runtime_dur[0])
-    launch_ns = _to_ns([rt_ts[launch_row[i]] for i in linked])
+    launch_us = list(map(rt_ts.__getitem__, map(launch_row.__getitem__, linked)))
     runtime_tid = c.runtime_tid
     codes = _device_collectives(
         [str(c.kernel_names[i]) for i in comm_rows],
@@ -112,7 +118,7 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
         win_end: list[int] = []
         source = "none"
     else:
-        device = _device_windows(start, end, linked, launch_ns, host_start, host_end)
+        device = _device_windows(start, end, linked, launch_us, host_start, host_end)
         if device is None:
             win_start, win_end, source = host_start, host_end, "host"
         else:
@@ -162,13 +168,14 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     # Device events launched before profiling started (analyze._launched_before_profiling)
     launched_before = 0
     if numbers and linked:
-        # unlinked: no launch call, or one at a negative time (as extract's -1 marks them)
+        # unlinked: no launch call, or one at a negative time (extract marks both -1)
+        negative = _threshold(0)  # a launch call before it is at a negative time in ns
         unlinked = [True] * len(start)
-        for i, t in zip(linked, launch_ns, strict=True):
-            unlinked[i] = t < 0
+        for i, t in zip(linked, launch_us, strict=True):
+            unlinked[i] = t < negative
         if not all(unlinked):
             w0 = win_start[0]
-            launched_before = sum(1 for u, s in zip(unlinked, start, strict=True) if u and s < w0)
+            launched_before = sum(compress(map(lt, start, repeat(w0)), unlinked))
     notes = [] if comm_rows else ["no NCCL/RCCL communication kernels: communication is zero"]
     return RankReport(
         path=c.path,
@@ -304,23 +311,42 @@ def _launch_rows(dev_corr: list[int], rt_corr: list[int]) -> list[int]:
     return [get(d, -1) if d >= 0 else -1 for d in dev_corr]
 
 
+def _threshold(ns: int) -> float:
+    """The smallest float time t (µs) with `_us_to_ns(t) >= ns`: `_us_to_ns` never decreases,
+    so comparing a float time with it is comparing its nanoseconds with `ns`."""
+    lo, hi = ns / 1000.0 - 1.0, ns / 1000.0 + 1.0
+    if not _us_to_ns(lo) < ns <= _us_to_ns(hi):
+        raise UnsupportedError("a time beyond a float's whole microseconds")
+    while True:  # bisection between adjacent floats: at most ~60 steps
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            return hi
+        if _us_to_ns(mid) >= ns:
+            hi = mid
+        else:
+            lo = mid
+
+
 def _device_windows(
     start: list[int],
     end: list[int],
     linked: list[int],
-    launch_ns: list[int],
+    launch_us: list[float],
     host_start: list[int],
     host_end: list[int],
 ) -> tuple[list[int], list[int]] | None:
     """steps._device_windows: step N's window starts where the first device activity launched
-    in host step N starts (`linked`: device rows with a launch call at `launch_ns`)."""
+    in host step N starts (`linked`: device rows with a launch call at `launch_us`)."""
     n = len(host_start)
     first: list[int | None] = [None] * n
     last: list[int | None] = [None] * n
     any_ok = False
-    for i, t_ns in zip(linked, launch_ns, strict=True):
-        k = bisect_right(host_start, t_ns) - 1
-        if k < 0 or t_ns >= host_end[k]:
+    # a launch at t is in host step k when host_start[k] <= ns(t) < host_end[k]
+    after_start = list(map(_threshold, host_start))
+    before_end = list(map(_threshold, host_end))
+    for i, t in zip(linked, launch_us, strict=True):
+        k = bisect_right(after_start, t) - 1
+        if k < 0 or t >= before_end[k]:
             continue
         any_ok = True
         s, e = start[i], end[i]
@@ -351,12 +377,9 @@ def _device_windows(
 
 def _n_lanes(pids: list[Any], tids: list[Any]) -> int:
     """Distinct (device, stream) pairs (extract._lanes), for ids of the usual range."""
-    for v in pids:
-        if v.__class__ is not int or not 0 <= v < 2**31:
-            raise UnsupportedError("a device id is unusual")
-    for v in tids:
-        if v.__class__ is not int or not 0 <= v < 2**32:
-            raise UnsupportedError("a stream id is unusual")
+    for ids, top in ((pids, 2**31), (tids, 2**32)):
+        if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= top):
+            raise UnsupportedError("a device or stream id is unusual")
     return len(set(zip(pids, tids, strict=True)))
 
 
