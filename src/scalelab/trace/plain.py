@@ -35,9 +35,10 @@ _MAX_TIME_US = float(2**53)  # as extract.MAX_TIME_US
 _COLLECTIVE_INDEX = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-# Decompressed bytes above which a command leaves a trace to the full analysis: there the
-# numpy analysis, whose import a command hides behind decoding the file in a child process
-# (`background`), is faster than these lists (per event, this module is slower than numpy).
+# Decompressed bytes above which a command leaves a trace to the full analysis where a core is
+# free: there the numpy analysis, whose import a command hides behind decoding the file in a
+# child process (`background`), is faster than these lists (per event, this module is slower
+# than numpy).
 MAX_BYTES = 20_000_000
 
 
@@ -170,12 +171,15 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     if numbers and linked:
         # unlinked: no launch call, or one at a negative time (extract marks both -1)
         negative = _threshold(0)  # a launch call before it is at a negative time in ns
-        unlinked = [True] * len(start)
-        for i, t in zip(linked, launch_us, strict=True):
-            unlinked[i] = t < negative
-        if not all(unlinked):
-            w0 = win_start[0]
-            launched_before = sum(compress(map(lt, start, repeat(w0)), unlinked))
+        w0 = win_start[0]
+        early = map(lt, start, repeat(w0))
+        if min(launch_us) >= negative:  # every linked one is linked (the usual case)
+            launched_before = sum(early) - sum(map(lt, map(start.__getitem__, linked), repeat(w0)))
+        elif max(launch_us) >= negative:
+            unlinked = [True] * len(start)
+            for i, t in zip(linked, launch_us, strict=True):
+                unlinked[i] = t < negative
+            launched_before = sum(compress(early, unlinked))
     notes = [] if comm_rows else ["no NCCL/RCCL communication kernels: communication is zero"]
     return RankReport(
         path=c.path,
@@ -299,6 +303,8 @@ def _steps(steps: list[tuple[Any, Any, Any]]) -> tuple[list[int], list[int], lis
 
 def _ints(values: list[Any]) -> list[int]:
     """Correlation ids (extract._ints): -1 where absent or not an integer."""
+    if not values or set(map(type, values)) == {int}:
+        return values
     return [v if v.__class__ is int else -1 for v in values]
 
 
@@ -307,8 +313,10 @@ def _launch_rows(dev_corr: list[int], rt_corr: list[int]) -> list[int]:
     (extract._launch_calls)."""
     # later rows first, so that the first row of a correlation is the one kept
     first = dict(zip(reversed(rt_corr), range(len(rt_corr) - 1, -1, -1), strict=True))
-    get = first.get
-    return [get(d, -1) if d >= 0 else -1 for d in dev_corr]
+    if first and min(first) < 0:  # a device event without a correlation links to nothing
+        for key in [k for k in first if k < 0]:
+            del first[key]
+    return list(map(first.get, dev_corr, repeat(-1)))
 
 
 def _threshold(ns: int) -> float:
@@ -338,33 +346,36 @@ def _device_windows(
     """steps._device_windows: step N's window starts where the first device activity launched
     in host step N starts (`linked`: device rows with a launch call at `launch_us`)."""
     n = len(host_start)
-    first: list[int | None] = [None] * n
-    last: list[int | None] = [None] * n
-    any_ok = False
-    # a launch at t is in host step k when host_start[k] <= ns(t) < host_end[k]
+    # A launch at t is in host step k when host_start[k] <= ns(t) < host_end[k]; both are
+    # sorted and the windows disjoint, so that is: as many ends as starts, less one, are <= t.
     after_start = list(map(_threshold, host_start))
     before_end = list(map(_threshold, host_end))
-    for i, t in zip(linked, launch_us, strict=True):
-        k = bisect_right(after_start, t) - 1
-        if k < 0 or t >= before_end[k]:
-            continue
-        any_ok = True
-        s, e = start[i], end[i]
-        f = first[k]
-        if f is None or s < f:
+    k_start = map(bisect_right, repeat(after_start), launch_us)
+    k_end = list(map(bisect_right, repeat(before_end), launch_us))
+    inside = list(map(eq, map(sub, k_start, repeat(1)), k_end))
+    big = 1 << 80
+    first = [big] * n
+    last = [-big] * n
+    any_ok = any(inside)
+    rows = list(compress(linked, inside))
+    for k, s, e in zip(
+        compress(k_end, inside),
+        map(start.__getitem__, rows),
+        map(end.__getitem__, rows),
+        strict=True,
+    ):
+        if s < first[k]:
             first[k] = s
-        la = last[k]
-        if la is None or e > la:
+        if e > last[k]:
             last[k] = e
     if not any_ok:
         return None
-    final_end = max(x for x in last if x is not None)
+    final_end = max(last)
     boundary = [0] * n
     upcoming: int | None = None  # the first start of the next step with work
     for k in range(n - 1, -1, -1):
-        f = first[k]
-        if f is not None:
-            upcoming = f
+        if first[k] != big:
+            upcoming = first[k]
         boundary[k] = upcoming if upcoming is not None else final_end
     out_start = []
     reach: int | None = None
