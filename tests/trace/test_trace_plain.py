@@ -85,3 +85,31 @@ def test_the_default_command_does_not_import_numpy() -> None:
     # what the plain path does not cover still works, with numpy
     out, imported = _importtime(str(path), "--kernels")
     assert "numpy" in imported and "kernel time by class" in out
+
+
+def test_the_full_analysis_without_the_kernel_report_is_otherwise_the_same() -> None:
+    path = TRACES / "a100-ddp-rank0-of-2.json.gz"
+    full, lean = analyze(path).to_dict(), analyze(path, kernels=False).to_dict()
+    assert full["ranks"][0].pop("kernels") is not None
+    assert lean["ranks"][0].pop("kernels") is None
+    assert full == lean
+
+
+def test_a_large_file_on_a_busy_machine_takes_the_plain_path_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Above `plain.MAX_BYTES` the command takes the numpy analysis only where a core is free."""
+    path = TRACES / "a100-ddp-rank0-of-2.json.gz"
+    monkeypatch.setattr(plain, "MAX_BYTES", 1000)
+    monkeypatch.setattr(cli, "_spare_core", lambda: False)
+    calls: list[object] = []
+    monkeypatch.setattr(plain, "rank_report", lambda *a: calls.append(a) or _real_rank_report(*a))
+    assert cli.run([str(path)]) == 0
+    assert calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
+    monkeypatch.setattr(cli, "_spare_core", lambda: True)
+    calls.clear()
+    assert cli.run([str(path)]) == 0
+    assert not calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
+
+
+_real_rank_report = plain.rank_report
