@@ -272,13 +272,17 @@ def enumerate_space(
     )
 
 
-def _first_reasons(masks: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
+def _first_reasons(masks: dict[str, np.ndarray]) -> tuple[np.ndarray, list[str]]:
+    """Per layout, the index into the returned reasons of its first failing rule (-1: valid)."""
     reasons = list(masks)
     stacked = np.stack([masks[r] for r in reasons])
-    invalid = np.asarray(stacked.any(axis=0), dtype=bool)
-    first = np.argmax(stacked, axis=0)
-    counts = {reasons[i]: int(((first == i) & invalid).sum()) for i in range(len(reasons))}
-    return invalid, {k: v for k, v in counts.items() if v}
+    first = np.where(stacked.any(axis=0), np.argmax(stacked, axis=0), -1)
+    return first, reasons
+
+
+def _count_reasons(first: np.ndarray, reasons: list[str]) -> dict[str, int]:
+    counts = np.bincount(first[first >= 0], minlength=len(reasons))
+    return {reason: int(n) for reason, n in zip(reasons, counts, strict=True) if n}
 
 
 def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
@@ -392,10 +396,19 @@ def _stage_one(c: Constraints, stack: StackSpec) -> Constraints:
 @dataclass
 class _Evaluated:
     space: LayoutTable
-    invalid: np.ndarray
+    first_reason: np.ndarray  # per layout, index into reasons of its first failing rule; -1 valid
+    reasons: list[str]
     valid: LayoutTable
     pred: Prediction | None
-    by_reason: dict[str, int]  # invalid layouts counted by their first failing rule
+
+    @property
+    def invalid(self) -> np.ndarray:
+        return np.asarray(self.first_reason >= 0)
+
+    @property
+    def by_reason(self) -> dict[str, int]:
+        """Invalid layouts counted by their first failing rule."""
+        return _count_reasons(self.first_reason, self.reasons)
 
 
 def _masks(
@@ -408,10 +421,10 @@ def _masks(
 def _evaluate(
     model: ModelSpec, cluster: ClusterSpec, space: LayoutTable, stack: StackSpec
 ) -> _Evaluated:
-    invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
-    valid = space.take(~invalid)
+    first, reasons = _first_reasons(_masks(space, model, cluster, stack))
+    valid = space.take(first < 0)
     pred = predict(model, cluster, valid, stack) if len(valid) else None
-    return _Evaluated(space, invalid, valid, pred, by_reason)
+    return _Evaluated(space, first, reasons, valid, pred)
 
 
 def _degree_keys(t: LayoutTable) -> np.ndarray:
@@ -436,9 +449,9 @@ def _moe_space(
     constraints: Constraints | None,
     objective: str,
     stack: StackSpec,
-) -> tuple[LayoutTable, np.ndarray, LayoutTable, Prediction | None, dict[str, Any]]:
-    """The two-stage MoE space (see MOE_REFINE): the layouts priced, which were invalid, the
-    valid ones and their prediction."""
+) -> tuple[_Evaluated, dict[str, Any]]:
+    """The two-stage MoE space (see MOE_REFINE): the layouts priced, each one's first failing
+    rule, the valid ones and their prediction."""
     c = constraints or Constraints()
     one = _evaluate(
         model,
@@ -449,7 +462,7 @@ def _moe_space(
         stack,
     )
     if one.pred is None:
-        return one.space, one.invalid, one.valid, None, {}
+        return one, {}
     keys, combo = np.unique(_degree_keys(one.valid), return_inverse=True)
     combo = combo.reshape(-1)
     fits = one.pred["fits"]
@@ -474,7 +487,9 @@ def _moe_space(
     in_refined = np.isin(_degree_keys(one.space), keys[chosen])
     keep_valid = ~refined[combo]
     space = _concat_tables(one.space.take(~in_refined), two.space)
-    invalid = np.concatenate([one.invalid[~in_refined], two.invalid])
+    reasons = one.reasons + [r for r in two.reasons if r not in one.reasons]
+    two_first = np.array([reasons.index(r) for r in two.reasons] + [-1])[two.first_reason]
+    first_reason = np.concatenate([one.first_reason[~in_refined], two_first])
     valid = _concat_tables(one.valid.take(keep_valid), two.valid)
     kept = Prediction(**{k: one.pred[k][keep_valid] for k in one.pred.keys()})  # noqa: SIM118
     pred = kept if two.pred is None else _concat_predictions(kept, two.pred)
@@ -488,7 +503,7 @@ def _moe_space(
         f"(tp, pp, cp, ep, expert_tp) x micro-batch x recompute, then every knob for the "
         f"{len(chosen)} best of {len(keys)} combinations ({len(two.space):,} layouts)"
     }
-    return space, invalid, valid, pred, info
+    return _Evaluated(space, first_reason, reasons, valid, pred), info
 
 
 def priced_space(
@@ -506,10 +521,10 @@ def priced_space(
     studies that need more than the top (e.g. the best layout per EP degree)."""
     stack = stack or load_stack()
     if model.is_moe:
-        _, _, valid, pred, _ = _moe_space(
+        moe, _ = _moe_space(
             model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
         )
-        return valid, pred
+        return moe.valid, moe.pred
     ev = _evaluate(
         model,
         cluster,
@@ -572,10 +587,9 @@ def search(
     start = time.perf_counter()
     extra: dict[str, Any] = {}
     if model.is_moe:
-        space, _, valid, pred, extra = _moe_space(
+        ev, extra = _moe_space(
             model, cluster, gpus, global_batch, seq_len, constraints, objective, stack
         )
-        invalid, by_reason = _first_reasons(_masks(space, model, cluster, stack))
     else:
         ev = _evaluate(
             model,
@@ -583,13 +597,7 @@ def search(
             enumerate_space(model, cluster, gpus, global_batch, seq_len, constraints),
             stack,
         )
-        space, invalid, valid, pred, by_reason = (
-            ev.space,
-            ev.invalid,
-            ev.valid,
-            ev.pred,
-            ev.by_reason,
-        )
+    space, invalid, valid, pred, by_reason = ev.space, ev.invalid, ev.valid, ev.pred, ev.by_reason
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)

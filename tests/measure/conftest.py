@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +18,22 @@ SRC = ROOT / "src"
 WORKER = Path(__file__).with_name("parity_worker.py")
 # The tiny mixture-of-experts model of the MoE tests (and of the README's bench example).
 MOE_TINY = str(ROOT / "examples" / "moe-tiny.yaml")
+# torchao (the `fp8` extra) is installed: the FP8 cases join the 2-rank launch and the references.
+HAS_FP8 = importlib.util.find_spec("torchao") is not None
+# test_fp8.py's 2-rank cases (fp8 matmuls on CPU are ~6x slower than fp32, so few): both recipes,
+# FSDP with the fp8 all-gather and precomputed scales, TP with SP (2 micro-batches of 4: dp 1),
+# and rowwise FSDP, which is compared with the single-process fp8 run (`fp8_rowwise_reference`).
+FP8_WORLD2: list[dict[str, Any]] = [
+    {"name": "fp8_fsdp_tensorwise_gather", "precision": "fp8", "fp8_all_gather": True},
+    {
+        "name": "fp8_tp_rowwise_sp",
+        "precision": "fp8",
+        "tp": 2,
+        "fp8_recipe": "rowwise",
+        "micro_batch": 4,
+    },
+    {"name": "fp8_fsdp_rowwise", "precision": "fp8", "fp8_recipe": "rowwise"},
+]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -67,13 +84,25 @@ def parity() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def references() -> dict[str, Any]:
-    """The single-process runs (5 steps) of llama-tiny and moe-tiny, in one process: the whole
-    global batch of 8 in one micro-batch, fp32."""
-    cases = [
+    """The single-process runs (3 steps) of llama-tiny and moe-tiny, in one process: the whole
+    global batch of 8 in one micro-batch, fp32; with torchao, also llama-tiny in rowwise fp8."""
+    cases: list[dict[str, Any]] = [
         {"name": "reference", "micro_batch": 8},
         {"name": "moe_reference", "model": MOE_TINY, "micro_batch": 8},
     ]
-    return parity_results(1, cases, 5)
+    if HAS_FP8:
+        fp8 = {"precision": "fp8", "fp8_recipe": "rowwise", "micro_batch": 8}
+        cases.append({"name": "fp8_rowwise_reference", **fp8})
+    return parity_results(1, cases, 3)
+
+
+@pytest.fixture(scope="session")
+def world2() -> dict[str, Any]:
+    """Every 2-rank case in one launch: test_parity.py's and, with torchao, test_fp8.py's (last,
+    so that nothing fp8 does can touch the other cases)."""
+    from tests.measure.test_parity import world2_cases
+
+    return parity_results(2, world2_cases() + [dict(c) for c in FP8_WORLD2 if HAS_FP8])
 
 
 @pytest.fixture(scope="session")

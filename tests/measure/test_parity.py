@@ -1,12 +1,14 @@
-"""Every parallel layout trains exactly like one process: the same losses over three steps (2
-ranks) or five steps (4 ranks, among them every pipeline schedule x every data-parallel mode).
+"""Every parallel layout trains exactly like one process: the same losses over three steps (at 2
+and at 4 ranks, among them every pipeline schedule x every data-parallel mode): the first checks
+the forward, the second one update, the third the optimizer's state carried between updates.
 
 llama-tiny (4 layers, d_model 64, GQA 4/2 heads, vocab 256), sequence 32, global batch 8, AdamW
 lr 3e-3, gradient clipping at 1.0, seed 0, fp32. Tolerance: 1e-5 absolute on each loss (the
 observed differences are about 1e-6, reduction-order noise). bf16 (FSDP mixed precision, fp32
 reduction) is compared with a looser 5e-3 (observed about 5e-4).
 
-All cases of one world size run in one torchrun launch, which is where most of the time goes.
+All cases of one world size run in one torchrun launch, which is where most of the time goes (the
+2-rank launch, conftest's `world2`, also runs test_fp8.py's cases).
 
 Mixture of experts (moe-tiny: examples/moe-tiny.yaml, 4 layers, the first dense, 8 experts, top-2,
 one shared expert) runs in the same launches and is compared with its own single-process run:
@@ -45,12 +47,14 @@ WORLD2: list[dict[str, Any]] = [
         "grad_sync": "microbatch",
         "count_collectives": True,
     },
-    {"name": "tp2_sp", "tp": 2},
-    {"name": "tp2_no_sp", "tp": 2, "sp": False},
+    # dp 1: the whole batch of 8 on each rank, in 2 micro-batches of 4 (still accumulating; 8 of
+    # 1 cost 4x the time of TP's per-op dispatch for nothing more).
+    {"name": "tp2_sp", "tp": 2, "micro_batch": 4},
+    {"name": "tp2_no_sp", "tp": 2, "sp": False, "micro_batch": 4},
     {"name": "pp2_1f1b", "pp": 2, "pp_schedule": "1f1b"},
     {"name": "pp2_interleaved", "pp": 2, "pp_schedule": "interleaved", "virtual_stages": 2},
     {"name": "pp2_zbv", "pp": 2, "pp_schedule": "zbv", "virtual_stages": 2},
-    {"name": "cp2", "cp": 2},
+    {"name": "cp2", "cp": 2, "micro_batch": 4},
     {"name": "fsdp2_selective_ac", "recompute": "selective"},
     {"name": "fsdp2_full_ac", "recompute": "full"},
 ]
@@ -71,7 +75,7 @@ REFUSED_PP: list[tuple[str, str]] = [
 ]
 WORLD4: list[dict[str, Any]] = [
     {"name": "hsdp_2x2", "sharding": "hsdp", "hsdp_shard_size": 2},
-    {"name": "tp2_fsdp2", "tp": 2},
+    {"name": "tp2_fsdp2", "tp": 2, "micro_batch": 2},  # 2 micro-batches a step
     *(
         {
             "name": f"pp2_{schedule}_{mode}2",
@@ -85,12 +89,12 @@ WORLD4: list[dict[str, Any]] = [
         if (schedule, mode) not in REFUSED_PP
     ),
 ]
-# Context parallelism under a pipeline (FSDP over the cp ranks): 1F1B.
-WORLD4.append({"name": "pp2_1f1b_cp2", "pp": 2, "cp": 2})
+# Context parallelism under a pipeline (FSDP over the cp ranks): 1F1B, 4 micro-batches of 2.
+WORLD4.append({"name": "pp2_1f1b_cp2", "pp": 2, "cp": 2, "micro_batch": 2})
 for _case in WORLD4:
     if _case["name"] == "pp2_1f1b_fsdp2":
         _case["count_collectives"] = True
-WORLD4_STEPS = 5
+WORLD4_STEPS = 3
 
 # Collectives per optimizer step on one rank as the predictor models them (perf.schedule,
 # perf.predict) for llama-tiny (4 blocks; FSDP units: 4 blocks + the root), global batch 8 over
@@ -119,13 +123,21 @@ MOE_TOTAL = 440_384  # ModelSpec of moe-tiny: n_params
 # (name, layout, experts a rank holds, their hidden width (64, halved by expert TP)).
 MOE_WORLD2: list[dict[str, Any]] = [
     {"name": "moe_ep2_fsdp2", "ep": 2, "local_experts": [4, 64]},  # EP x FSDP
-    {"name": "moe_ep2_tp2", "tp": 2, "ep": 2, "local_experts": [4, 64]},  # EP borrows TP
+    # EP borrows TP; dp 1, so 2 micro-batches of 4 (as tp2_sp).
+    {"name": "moe_ep2_tp2", "tp": 2, "ep": 2, "micro_batch": 4, "local_experts": [4, 64]},
 ]
 MOE_WORLD4: list[dict[str, Any]] = [
     # dp 4, ep 2: each expert on 2 ranks, FSDP-sharded over them (dp_shard_mod_ep 2).
     {"name": "moe_ep2_fsdp4", "ep": 2, "local_experts": [4, 64]},
     # dp 2 x tp 2, ep 2 over dp, each expert split over TP like the dense MLP.
-    {"name": "moe_ep2_etp2_tp2", "tp": 2, "ep": 2, "expert_tp": 2, "local_experts": [4, 32]},
+    {
+        "name": "moe_ep2_etp2_tp2",
+        "tp": 2,
+        "ep": 2,
+        "expert_tp": 2,
+        "micro_batch": 2,
+        "local_experts": [4, 32],
+    },
 ]
 
 
@@ -135,9 +147,9 @@ def _moe_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture(scope="module")
-def world2(parity: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    return parity(2, [dict(c) for c in WORLD2] + _moe_cases(MOE_WORLD2))
+def world2_cases() -> list[dict[str, Any]]:
+    """The cases of the 2-rank launch (conftest's `world2`, which adds test_fp8.py's)."""
+    return [dict(c) for c in WORLD2] + _moe_cases(MOE_WORLD2)
 
 
 @pytest.fixture(scope="module")

@@ -52,9 +52,9 @@ def test_collective_time_is_the_fastest_algorithm_and_protocol() -> None:
         )  # fmt: skip
         candidates = [a.time(case, p)[0] for a in comm.ALGORITHMS for p in comm.PROTOCOLS]
         assert t[0] == min(candidates)
-    # All-gather has no tree (NCCL 2.20): a ring, or NVLS inside one NVSwitch domain.
+    # All-gather has no tree: a ring, NVLS inside one NVSwitch domain, or PAT (NCCL 2.23+).
     ag = [a.name for a in comm.ALGORITHMS if comm.ALL_GATHER in a.collectives]
-    assert ag == ["ring", "nvls"]
+    assert ag == ["ring", "nvls", "pat"]
 
 
 def test_collective_time_where_prices_only_the_selected_layouts() -> None:

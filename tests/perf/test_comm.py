@@ -151,3 +151,70 @@ def test_all_to_all_pays_network_latency_for_every_off_node_peer() -> None:
     a2a = comm.collective_time(comm.ALL_TO_ALL, tiny, g, H100)[0]
     ag = comm.collective_time(comm.ALL_GATHER, tiny, g, H100)[0]
     assert a2a > ag
+
+
+def _plain(version: str) -> object:
+    """h100-ib with NCCL's nominal Simple constants and no bandwidth ramp, at `version`."""
+    return H100.model_copy(
+        update={
+            "nccl_version": version,
+            "params": H100.params.model_copy(
+                update={
+                    "base_latency_us": 8.4,
+                    "net_base_latency_us": 0.0,
+                    "nvlink_step_latency_us": 3.4,
+                    "net_step_latency_us": 14.0,
+                    "bandwidth_ramp_mib": 0.0,
+                }
+            ),
+        }
+    )
+
+
+def test_pat_serves_one_rank_per_node_all_gathers_from_nccl_223() -> None:
+    """NCCL v2.23.4 src/graph/tuning.cc: PAT (Simple only, nNodes == nRanks) costs
+    8 + log2i(nNodes)·interLat/3.5 + 2.8·nRanks µs, interLat = hwLat[NET][TREE][SIMPLE] = 14;
+    bus bandwidth x 0.85. 256 ranks, one per node (FSDP beside TP8), 1 KB: by hand."""
+    v223, v220 = _plain("2.23.4"), _plain("2.20.5")
+    g = group(256, 1)
+    tiny = np.array([1e3])
+    busbw = comm.bus_bandwidth(comm.ALL_GATHER, g, v223)[0]
+    pat = (8.0 + 8 * 14.0 / 3.5 + 2.8 * 256) * 1e-6 + 1e3 / (busbw * 0.85)
+    # The v2.23 ring with one rank per node pays the tree's network latency (LL 5.0 µs) on all
+    # 255 steps: 6.6 + 255 x 5.0 = 1281.6 µs, so PAT (756.8 µs) wins.
+    assert comm.collective_time(comm.ALL_GATHER, tiny, g, v223)[0] == pytest.approx(pat, rel=1e-6)
+    assert comm.collective_time(comm.REDUCE_SCATTER, tiny, g, v223)[0] == pytest.approx(
+        pat, rel=1e-6
+    )
+    # v2.20.5 (PyTorch 2.3.1's NCCL) has no PAT: its ring, LL: 6.6 + 255 x 2.7 µs.
+    ring_220 = comm.collective_time(comm.ALL_GATHER, tiny, g, v220)[0]
+    assert ring_220 == pytest.approx((6.6 + 255 * 2.7) * 1e-6, rel=1e-3)
+    # With 8 ranks per node PAT is off: v2.23 prices AllGather as v2.20 does (its ring).
+    g8 = group(2048, 8)
+    assert comm.collective_time(comm.ALL_GATHER, tiny, g8, v223)[0] == pytest.approx(
+        comm.collective_time(comm.ALL_GATHER, tiny, g8, v220)[0], rel=1e-12
+    )
+
+
+def test_nvls_tree_all_reduce_across_two_nodes_from_nccl_218() -> None:
+    """NCCL v2.20.5 tuning.cc: NVLSTree latency hwLat[NVLINK][NVLSTree] (23 µs) +
+    2·log2(nNodes)·interLat (here the cluster's fitted network tree level), algorithm bandwidth
+    nChannels·min(bwIntra, bwInter) x 5/6 on two nodes, the buffer over it: time = latency +
+    max(bytes / (5/6 x network tier), bus traffic / NVLink tier with NVLS). 16 ranks, 1 GiB: by hand."""
+    v220 = _plain("2.20.5")
+    p = v220.params
+    nbytes = 2.0**30
+    g = group(16, 8)
+    net = v220.nic_bytes_per_s_per_gpu * 8 * p.net_bus_efficiency
+    nvlink = v220.gpu.nvlink_bytes_per_s * p.nvlink_bus_efficiency * 1.30
+    transfer = max(nbytes / (5 / 6 * net), nbytes * 2 * 15 / 16 / nvlink)
+    expected = (23.0 + 2 * 1 * p.tree_level_latency_us) * 1e-6 + transfer
+    got = comm.collective_time(comm.ALL_REDUCE, np.array([nbytes]), g, v220)[0]
+    assert got == pytest.approx(expected, rel=1e-9)
+    # Before v2.18.1 there is no NVLSTree: the ring (network-bound) is slower.
+    old = v220.model_copy(update={"nccl_version": "2.17.1"})
+    assert comm.collective_time(comm.ALL_REDUCE, np.array([nbytes]), g, old)[0] > 1.1 * got
+    # No NVLS on A100 (NVSwitch 2): no NVLSTree either.
+    a100 = load_cluster("a100-ib")
+    c = comm.collective_time(comm.ALL_REDUCE, np.array([nbytes]), g, a100)[0]
+    assert c >= nbytes * 2 * 15 / 16 / (a100.nic_bytes_per_s_per_gpu * 8)

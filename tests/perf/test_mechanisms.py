@@ -103,3 +103,19 @@ def test_selective_recompute_with_flash_attention_frees_nothing() -> None:
             assert sel["memory_activations_bytes"] < none["memory_activations_bytes"]
         else:
             assert sel["memory_activations_bytes"] == none["memory_activations_bytes"]
+
+
+def test_the_comm_only_power_a_power_ratio_needs_is_solved_by_hand() -> None:
+    """Power is linear in the communication-only draw P: with shares (busy, comm, idle) before
+    and after, (0.6·Pc + 0.35·P + 0.05·Pi) / (0.9·Pc + 0.05·P + 0.05·Pi) = 0.9 solves for P."""
+    from scalelab.perf.power import comm_only_power_for_ratio, state_powers_w
+
+    w = state_powers_w(H100)
+    pc, pi = w["compute"], w["idle"]
+    p = comm_only_power_for_ratio(H100, (0.9, 0.05, 0.05), (0.6, 0.35, 0.05), 0.9)
+    assert p == pytest.approx(
+        (0.9 * (0.9 * pc + 0.05 * pi) - (0.6 * pc + 0.05 * pi)) / (0.35 - 0.045)
+    )
+    assert (0.6 * pc + 0.35 * p + 0.05 * pi) / (0.9 * pc + 0.05 * p + 0.05 * pi) == pytest.approx(
+        0.9
+    )

@@ -235,3 +235,18 @@ def test_moe_search_with_a_stack_that_offers_no_fsdp() -> None:
     )
     assert result.top and all(r["layout"]["sharding"] == "ddp" for r in result.top)
     assert "ddp" in result.to_dict()["moe_stages"]
+
+
+def test_moe_search_counts_each_invalid_layout_once_by_its_first_rule() -> None:
+    """The two stages keep each layout's first failing rule; recomputing every rule on the whole
+    priced space gives the same counts."""
+    from scalelab.config.catalog import load_stack
+    from scalelab.search import _count_reasons, _first_reasons, _masks, _moe_space, search
+
+    stack = load_stack()
+    staged, _ = _moe_space(QWEN, H100, 64, 256, 4096, None, "throughput", stack)
+    first, reasons = _first_reasons(_masks(staged.space, QWEN, H100, stack))
+    assert staged.by_reason and staged.by_reason == _count_reasons(first, reasons)
+    assert np.array_equal(staged.invalid, first >= 0)
+    result = search(QWEN, H100, gpus=64, global_batch=256, seq_len=4096)
+    assert sum(result.invalid_by_reason.values()) == result.invalid == int(staged.invalid.sum())

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,22 +90,42 @@ def _points(done: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
     return list(json.loads(done.stdout)["points"])
 
 
-def test_cpu_sweep_runs_through_sbatch_and_resumes(real_slurm: None, tmp_path: Path) -> None:
-    """Two CPU points through sbatch -> srun -> torchrun; no GPU request on a GPU-less cluster."""
-    sweep = _sweep(tmp_path, "real", gpus="[1, 2]")
+@pytest.fixture(scope="module")
+def swept(real_slurm: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One sweep of two CPU points (1 and 2 processes) through sbatch -> srun -> torchrun, run four
+    times: with a fault injected (both points fail), again (the failures are kept), with
+    --retry-failed (both run and succeed), and again (nothing runs). Its SLURM account and comment
+    carry shell (test_hostile_values_reach_sbatch_quoted). One sweep for the three tests, so two
+    rounds of jobs instead of four."""
+    tmp_path = tmp_path_factory.mktemp("slurm")
+    marker = tmp_path / "pwned"
+    hostile = (
+        f"  account: 'lab $(touch {marker}) x'\n"
+        f"  additional: {{comment: 'a;touch {marker} `touch {marker}`'}}\n"
+    )
+    sweep = _sweep(tmp_path, "real", gpus="[1, 2]", extra=hostile)
     out = tmp_path / "out"
-    done = scalelab("sweep", str(sweep), "--executor", "slurm", "--out", str(out), "--json")
+    args = ("sweep", str(sweep), "--executor", "slurm", "--out", str(out), "--json")
+    runs = {"failed": scalelab(*args, SCALELAB_FAULT="0:1"), "kept": scalelab(*args)}
+    runs["retried"] = scalelab(*args, "--retry-failed")
+    runs["again"] = scalelab(*args)
+    return {"out": out, "marker": marker, **runs}
+
+
+def test_cpu_sweep_runs_through_sbatch_and_resumes(swept: dict[str, Any]) -> None:
+    """Two CPU points through sbatch -> srun -> torchrun; no GPU request on a GPU-less cluster."""
+    done, out = swept["retried"], swept["out"]
     assert done.returncode == 0, done.stderr[-3000:]
     points = _points(done)
     assert [p["state"] for p in points] == ["ok", "ok"]
-    for path in out.glob("*.json"):
-        assert load_record(path).status == "ok"
+    records = list(out.glob("*.json"))
+    assert len(records) == 2 and all(load_record(p).status == "ok" for p in records)
     assert done.stderr.count("sacct") <= 1, (
         "one line about the missing accounting, not one per poll"
     )
     scripts = list((out / ".sweep" / "slurm").glob("**/*submission.sh"))
     assert scripts and not any("gpus-per-node" in s.read_text() for s in scripts)
-    again = scalelab("sweep", str(sweep), "--executor", "slurm", "--out", str(out), "--json")
+    again = swept["again"]
     assert again.returncode == 0 and all(p["action"] == "skipped" for p in _points(again))
 
 
@@ -150,19 +171,18 @@ def test_scancel_of_a_running_job_then_resume(real_slurm: None, tmp_path: Path) 
     assert _points(resumed)[0]["state"] == "ok"
 
 
-def test_failed_point_is_kept_then_retried(real_slurm: None, tmp_path: Path) -> None:
-    sweep = _sweep(tmp_path, "fail")
-    out = tmp_path / "out"
-    args = ("sweep", str(sweep), "--executor", "slurm", "--out", str(out), "--json")
-    failed = scalelab(*args, SCALELAB_FAULT="0:1")
+def test_failed_point_is_kept_then_retried(swept: dict[str, Any]) -> None:
+    failed = swept["failed"]
     assert failed.returncode == 1, failed.stderr[-3000:]
-    (point,) = _points(failed)
-    assert point["state"] == "failed" and "injected failure" in str(point["detail"])
-    kept = scalelab(*args)
-    assert kept.returncode == 1 and _points(kept)[0]["action"] == "skipped"
-    retried = scalelab(*args, "--retry-failed")
+    points = _points(failed)
+    assert len(points) == 2
+    for point in points:
+        assert point["state"] == "failed" and "injected failure" in str(point["detail"])
+    kept = swept["kept"]
+    assert kept.returncode == 1 and all(p["action"] == "skipped" for p in _points(kept))
+    retried = swept["retried"]
     assert retried.returncode == 0, retried.stderr[-3000:]
-    assert _points(retried)[0]["state"] == "ok"
+    assert [(p["state"], p["action"]) for p in _points(retried)] == [("ok", "retried")] * 2
 
 
 def test_rejected_submission_is_one_line(real_slurm: None, tmp_path: Path) -> None:
@@ -175,14 +195,7 @@ def test_rejected_submission_is_one_line(real_slurm: None, tmp_path: Path) -> No
     assert "sbatch refused the job" in lines[-1] and "gres" in lines[-1].lower()
 
 
-def test_hostile_values_reach_sbatch_quoted(real_slurm: None, tmp_path: Path) -> None:
-    """Shell in a value is data for sbatch, never run; the job runs with the value as given."""
-    marker = tmp_path / "pwned"
-    extra = (
-        f"  account: 'lab $(touch {marker}) x'\n"
-        f"  additional: {{comment: 'a;touch {marker} `touch {marker}`'}}\n"
-    )
-    sweep = _sweep(tmp_path, "quoted", extra=extra)
-    done = scalelab("sweep", str(sweep), "--executor", "slurm", "--out", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert not marker.exists()
+def test_hostile_values_reach_sbatch_quoted(swept: dict[str, Any]) -> None:
+    """Shell in a value is data for sbatch, never run; the jobs run with the value as given."""
+    assert swept["retried"].returncode == 0, swept["retried"].stderr[-3000:]
+    assert not swept["marker"].exists()

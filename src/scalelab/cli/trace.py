@@ -9,14 +9,16 @@ catalog (--cluster) are imported only when asked for.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    import argparse
+
     import typer
 
     from scalelab.trace.report import Breakdown, RankReport, TraceReport
@@ -34,14 +36,21 @@ with no compute running. Tables in ms; --json in integer nanoseconds.
 `scalelab trace diff A B` compares two runs (files or folders): per step, what grew."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other verb
-        print(f"scalelab: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+def _parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other verb
+            print(f"scalelab: error: {message}", file=sys.stderr)
+            raise SystemExit(2)
+
+    return _Parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    import argparse
+
+    p = _parser_class()(
         prog="scalelab trace",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -105,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _diff_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = _parser_class()(
         prog="scalelab trace diff",
         description="What grew between two runs (e.g. 8 and 64 GPUs), per step: compute by "
         "kernel class, each collective's exposed time, copies, idle; ranked by contribution to "
@@ -131,7 +140,11 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
     args = list(args)
     if args and args[0] == "diff" and not Path("diff").exists():
         return _run_diff(_diff_parser().parse_args(args[1:]))
-    opts = _parser().parse_args(args)
+    opts = _plain_args(args) or _parser().parse_args(args)
+    if _plain_report_only(opts):
+        code = _run_plain(opts, exits)
+        if code is not None:
+            return code
     from scalelab.trace import load
 
     # A head start on the first file beside the imports of numpy and the analysis: a command
@@ -147,7 +160,11 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
     from scalelab.trace import analyze
 
     report = analyze(
-        opts.paths, keep_intervals=opts.plot is not None, parser=opts.parser, skip_bad=opts.skip_bad
+        opts.paths,
+        keep_intervals=opts.plot is not None,
+        parser=opts.parser,
+        skip_bad=opts.skip_bad,
+        kernels=opts.json_out or opts.kernels or opts.show_all,  # else not shown
     )
     for bad, reason in report.skipped:
         print(f"scalelab trace: skipped {bad}: {reason}", file=sys.stderr)
@@ -177,6 +194,89 @@ def run(args: Sequence[str], *, exits: bool = False) -> int:
         out.line(f"wrote {path}")
     out.flush()
     return 0
+
+
+def _plain_args(args: list[str]) -> Any:
+    """The options of the commonest command, `scalelab trace FILE [--per-step]`, without
+    argparse (whose parser costs more to build than reading a small trace); None for anything
+    else (argparse parses it, answers --help and reports mistakes)."""
+    paths = [Path(a) for a in args if a != "--per-step"]
+    if not paths or any(a.startswith("-") or not a for a in args if a != "--per-step"):
+        return None
+    return SimpleNamespace(
+        paths=paths,
+        json_out=False,
+        per_step="--per-step" in args,
+        stragglers=False,
+        kernels=False,
+        bandwidth=False,
+        show_all=False,
+        cluster=None,
+        plot=None,
+        plot_step=None,
+        skip_bad=False,
+        parser="auto",
+    )
+
+
+def _run_plain(opts: Any, exits: bool) -> int | None:
+    """The default table of one GPU trace without numpy (`trace.plain`), for a file small
+    enough that this is the faster way; None where it does not apply (the full analysis runs,
+    and reports any error as it always does).
+
+    The file is read and decompressed in a thread while the decoder (msgspec) is imported. A
+    larger file is left to the full analysis with its bytes where a core is free now: a forked
+    child decodes it while the command imports numpy (`background`), which then takes less
+    time than these lists; on a machine whose cores are busy, nothing runs beside, and the
+    numpy import only adds to the time."""
+    from scalelab.errors import InputError
+    from scalelab.trace import load
+
+    try:
+        files = load.find_trace_files(opts.paths)
+    except InputError:
+        return None
+    if len(files) != 1:
+        return None  # several ranks: matched for stragglers by the full analysis
+    (path,) = files
+    load.prefetch(files)
+    load.typed_parser_available()  # imports the decoder meanwhile
+    from scalelab.trace import plain
+
+    try:
+        data = load.read_bytes(path)
+    except InputError:
+        return None
+    load.remember(path, data)
+    if len(data) > plain.MAX_BYTES and _spare_core():
+        return None  # the numpy analysis, its import hidden behind a child's decoding
+    if exits:
+        load.keep_parsed = []
+    try:
+        found = plain.report(files)
+    except Exception:  # UnsupportedError, or a bad file: the full analysis reports it
+        return None
+    out = _Out()
+    _render(out, found, per_step=opts.per_step, stragglers=False, kernels=False, bandwidth=False)
+    out.flush()
+    return 0
+
+
+def _plain_report_only(opts: argparse.Namespace) -> bool:
+    """Whether the command asks for the default table only (`--per-step` included)."""
+    return (
+        opts.parser == "auto"
+        and not opts.json_out
+        and not (opts.stragglers or opts.kernels or opts.bandwidth or opts.show_all)
+        and opts.cluster is None
+        and opts.plot is None
+    )
+
+
+def _spare_core() -> bool:
+    from scalelab.trace import background
+
+    return background.available() and background.spare_core()
 
 
 def _start_background(paths: list[Path]) -> bool:

@@ -8,9 +8,10 @@ tree, NVLS) and protocol (LL, LL128, Simple) a collective costs
 
 and NCCL runs the fastest candidate. A ring's latency is NCCL's: a base, plus one hardware latency
 per step inside a node (at least the network post overhead once the ring spans nodes, since
-v2.18.1) and one per step across nodes (`ring_latency_us`). Trees serve AllReduce across nodes;
-NVLS serves AllReduce, AllGather and ReduceScatter inside one NVSwitch domain; AllToAll is n-1
-point-to-point transfers. Bus bandwidth is the slowest tier a ring crosses: NVLink inside an
+v2.18.1) and one per step across nodes (`ring_latency_us`). Trees and NVLSTree (v2.18.1+) serve
+AllReduce across nodes; NVLS serves AllReduce, AllGather and ReduceScatter inside one NVSwitch
+domain; PAT (v2.23+) serves AllGather and ReduceScatter at one rank per node; AllToAll is n-1
+point-to-point transfers. What each NCCL release has follows the cluster's `nccl_version`. Bus bandwidth is the slowest tier a ring crosses: NVLink inside an
 NVLink domain; between domains, the NICs that the communicator's ranks in one domain drive
 together, degraded slowly with the number of nodes as the study's Figure 2 shows. Bus bandwidth
 follows the nccl-tests definitions (`scalelab.collectives`). Algorithms and protocols are tables
@@ -53,6 +54,9 @@ class Protocol:
     name: str
     nvlink_latency_factor: float
     net_latency_factor: float
+    # hwLat[NET][TREE] / 14: since NCCL 2.23 a ring with one rank per node pays the tree's network
+    # latency (5.0 / 8.5 / 14 µs), "with ppn=1 latencies are fully exposed" (tuning.cc v2.23.4).
+    net_tree_latency_factor: float
     base_latency_us: float
     net_overhead_factor: float
     ring_bw_factor_multi_node: float
@@ -61,9 +65,9 @@ class Protocol:
 
 
 PROTOCOLS: tuple[Protocol, ...] = (
-    Protocol("LL", 0.6 / 3.4, 2.7 / 14.0, 6.6, 1.0, 1 / 4, 1 / 3, 0.9 / 3.8),
-    Protocol("LL128", 1.9 / 3.4, 4.0 / 14.0, 14.0, 1.0, 0.92, 0.92, 0.9 * 0.915),
-    Protocol("Simple", 1.0, 1.0, 8.4, 3.0, 1.0, 1.0, 0.9),
+    Protocol("LL", 0.6 / 3.4, 2.7 / 14.0, 5.0 / 14.0, 6.6, 1.0, 1 / 4, 1 / 3, 0.9 / 3.8),
+    Protocol("LL128", 1.9 / 3.4, 4.0 / 14.0, 8.5 / 14.0, 14.0, 1.0, 0.92, 0.92, 0.9 * 0.915),
+    Protocol("Simple", 1.0, 1.0, 1.0, 8.4, 3.0, 1.0, 1.0, 0.9),
 )
 SIMPLE = PROTOCOLS[2]
 _SIMPLE_BASE_LATENCY_US = 8.4
@@ -72,6 +76,37 @@ _SIMPLE_BASE_LATENCY_US = 8.4
 # collectives_busbw.csv). Without CollNet, NCCL 2.20 runs NVLS inside one NVLink domain only.
 _NVLS_LATENCY_US = 23.0
 _NVLS_GAIN = 1.30
+
+# What each NCCL release's src/graph/tuning.cc has (NVIDIA/nccl tags, read 2026-12-03):
+# - NVLSTree (AllReduce: NVLS inside each node under a tree across nodes) from v2.18.1;
+#   latency hwLat[NVLINK][NVLSTree] + 2·log2i(nNodes)·interLat, bandwidth
+#   nChannels·min(bwIntra, nNodes <= 2 ? bwInter : bwInter/2) x 5/6 (algorithm bandwidth);
+#   disabled on one node, and on multi-node NVLink (MNNVL) before v2.21.
+# - NVLS's NVLink latency hwLat[NVLINK][NVLS] is 0 in v2.18, 23 µs in v2.19-v2.20, 25 µs from v2.21.
+# - PAT (AllGather / ReduceScatter, Simple only) from v2.23.4, enabled only when nNodes == nRanks
+#   ("PAT only supports 1 GPU per node"): latency 8 + log2i(nNodes)·interLat/3.5 + 2.8·nRanks µs
+#   with interLat = hwLat[NET][TREE][SIMPLE] = 14 µs, bus bandwidth x 0.85 (v2.23), x 0.75 (v2.24+).
+# - From v2.23 a ring with one rank per node pays the tree's network latency, and AllReduce's
+#   ring crosses the network 2·(nNodes - 1) times (2·nNodes before).
+NVLS_TREE_SINCE = (2, 18, 1)
+PAT_SINCE = (2, 23)
+_PAT_BASE_US = 8.0
+_PAT_PER_RANK_US = 2.8
+_PAT_LOG_DIVISOR = 3.5
+
+
+def nvls_latency_us(version: tuple[int, ...]) -> float:
+    """hwLat[NVLINK][NVLS][SIMPLE] (and NVLSTree's) in this NCCL release's tuning.cc."""
+    if version >= (2, 21):
+        return 25.0
+    if version >= (2, 19):
+        return _NVLS_LATENCY_US
+    return 0.0
+
+
+def pat_bw_factor(version: tuple[int, ...]) -> float:
+    """PAT's bus bandwidth refinement: x 0.85 in v2.23, x 0.75 from v2.24."""
+    return 0.75 if version >= (2, 24) else 0.85
 
 
 def bus_factor(collective: str, n_ranks: np.ndarray) -> np.ndarray:
@@ -108,6 +143,21 @@ def group_shape(size: np.ndarray, stride: np.ndarray, cluster: ClusterSpec) -> G
     return GroupShape(ranks=size, ranks_per_domain=np.maximum(per_domain, 1))
 
 
+def net_tier_bandwidth(
+    ranks_per_domain: np.ndarray, domains: np.ndarray, cluster: ClusterSpec
+) -> np.ndarray:
+    """Bus bandwidth (bytes/s) of the network tier: each of the group's ranks in an NVLink domain
+    drives its own NIC(s) (a ring that leaves a GB200 NVL72 rack uses the rack's NICs, 72 GPUs'
+    worth, not one compute tray's 4), degraded slowly with the number of domains."""
+    p = cluster.params
+    nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * np.asarray(ranks_per_domain, float)
+    return (
+        nics_per_domain_rank
+        * p.net_bus_efficiency
+        / (1.0 + p.net_scale_degradation * np.log2(np.maximum(domains, 1)))
+    )
+
+
 def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> np.ndarray:
     """Achievable bus bandwidth (bytes/s) of the slowest tier the collective crosses (Simple ring)."""
     p = cluster.params
@@ -123,14 +173,7 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     if nvls:
         nvlink = nvlink * _NVLS_GAIN
     domains = group.domains
-    # Each of the group's ranks in an NVLink domain drives its own NIC(s): a ring that leaves a
-    # GB200 NVL72 rack uses the rack's NICs (72 GPUs' worth), not one compute tray's 4.
-    nics_per_domain_rank = cluster.nic_bytes_per_s_per_gpu * group.ranks_per_domain
-    net = (
-        nics_per_domain_rank
-        * p.net_bus_efficiency
-        / (1.0 + p.net_scale_degradation * np.log2(np.maximum(domains, 1)))
-    )
+    net = net_tier_bandwidth(group.ranks_per_domain, domains, cluster)
     bw = np.where(domains > 1, np.minimum(nvlink, net), nvlink)
     group._bus_cache[key] = (cluster, bw)
     return bw
@@ -170,6 +213,22 @@ class CollectiveCase:
     def tree_levels_latency_us(self) -> np.ndarray:
         return np.log2(np.maximum(self.domains, 1.0)) * self.cluster.params.tree_level_latency_us
 
+    @cached_property
+    def version(self) -> tuple[int, ...]:
+        return self.cluster.nccl_version_tuple
+
+    @cached_property
+    def one_rank_per_node(self) -> np.ndarray:
+        """NCCL's nNodes == nRanks on a multi-node communicator (NVLink domains as nodes)."""
+        return self.multi & (self.ranks_per_domain <= 1)
+
+    @cached_property
+    def net_busbw(self) -> np.ndarray:
+        """The network tier's bus bandwidth alone (bytes/s), with the buffer's ramp."""
+        p = self.cluster.params
+        ramp = self.nbytes / (self.nbytes + p.bandwidth_ramp_mib * 2**20)
+        return net_tier_bandwidth(self.ranks_per_domain, self.domains, self.cluster) * ramp
+
     def base_latency_us(self, proto: Protocol) -> np.ndarray:
         p = self.cluster.params
         return (
@@ -185,12 +244,18 @@ def ring_latency_us(c: CollectiveCase, proto: Protocol) -> np.ndarray:
 
     with netOverhead = 1 µs (Intel host) or 2 µs (AMD), x3 for Simple, on multi-node rings only
     (v2.18.1 and later). nsteps = n-1 for AllGather/ReduceScatter, 2(n-1) for AllReduce;
-    nInterSteps = nodes-1, or 2·nodes for AllReduce (v2.20). NVLink domains count as nodes."""
+    nInterSteps = nodes-1, or 2·nodes for AllReduce (v2.20; 2·(nodes-1) from v2.23). From v2.23
+    a ring with one rank per node pays the tree's network latency. NVLink domains count as
+    nodes."""
     p = c.cluster.params
     intra = p.nvlink_step_latency_us * proto.nvlink_latency_factor
     net_overhead = c.cluster.net_overhead_us * proto.net_overhead_factor
     intra_multi = max(intra, net_overhead)
-    inter = p.net_step_latency_us * proto.net_latency_factor
+    inter = p.net_step_latency_us * np.where(
+        c.one_rank_per_node & (c.version >= PAT_SINCE),
+        proto.net_tree_latency_factor,
+        proto.net_latency_factor,
+    )
     return c.base_latency_us(proto) + np.where(
         c.multi,
         (c.steps - c.inter_steps) * intra_multi + c.inter_steps * inter,
@@ -220,40 +285,115 @@ def _tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
 
 
 def _nvls_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
-    """NVLS inside one NVSwitch domain for AllGather and ReduceScatter (Simple only): NCCL 2.20's
-    latency is hwLat[NVLINK][NVLS] = 23 µs alone, and the ring's bus bandwidth."""
+    """NVLS inside one NVSwitch domain for AllGather and ReduceScatter (Simple only): NCCL's
+    latency is hwLat[NVLINK][NVLS] alone (23 µs in v2.20, 25 µs from v2.21; `nvls_latency_us`),
+    and the ring's bus bandwidth."""
     if proto is not SIMPLE or not c.cluster.gpu.nvls:
         return np.full(c.nbytes.shape, np.inf)
-    t = _NVLS_LATENCY_US * 1e-6 + c.traffic / c.busbw
+    t = nvls_latency_us(c.version) * 1e-6 + c.traffic / c.busbw
     return np.where(c.multi, np.inf, t)
+
+
+def _nvls_tree_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """NVLSTree AllReduce across NVLink domains (NCCL v2.18.1+ on NVSwitch-3 GPUs, Simple only):
+    NCCL's latency, hwLat[NVLINK][NVLSTree] + 2·log2(nodes)·interLat, with the cluster's fitted
+    network tree level (`tree_level_latency_us`, as the tree uses) for interLat; NCCL's bandwidth,
+    the network tier halved beyond two nodes, x 5/6 (an algorithm bandwidth: the buffer crosses
+    it), and the NVLink tier with NVLS for the bus traffic: time = latency + max(bytes / (5/6 x
+    network), traffic / NVLink)."""
+    version = c.version
+    cluster = c.cluster
+    if (
+        proto is not SIMPLE
+        or not cluster.gpu.nvls
+        or version < NVLS_TREE_SINCE
+        or (version < (2, 21) and cluster.nvlink_domain > cluster.gpus_per_node)
+    ):
+        return np.full(c.nbytes.shape, np.inf)
+    latency_us = nvls_latency_us(version) + 2.0 * c.tree_levels_latency_us
+    # NCCL's algorithm bandwidth over the network: 5/6 of the network tier, halved beyond two
+    # nodes; the buffer itself (not the bus traffic) crosses it, as in NCCL's time = bytes / bw.
+    net = np.where(c.domains > 2, c.net_busbw / 2.0, c.net_busbw) * 5.0 / 6.0
+    ramp = c.nbytes / (c.nbytes + cluster.params.bandwidth_ramp_mib * 2**20)
+    nvlink = cluster.gpu.nvlink_bytes_per_s * cluster.params.nvlink_bus_efficiency * _NVLS_GAIN
+    transfer = np.maximum(c.nbytes / net, c.traffic / (nvlink * ramp))
+    return np.where(c.multi, latency_us * 1e-6 + transfer, np.inf)
+
+
+def _pat_time(c: CollectiveCase, proto: Protocol) -> np.ndarray:
+    """PAT for AllGather / ReduceScatter (NCCL v2.23+, Simple only, one rank per node):
+    latency 8 + log2i(nodes)·interLat/3.5 + 2.8·ranks µs (interLat: the network's Simple step,
+    hwLat[NET][TREE][SIMPLE] = 14 µs = the ring's), bus bandwidth x 0.85 (v2.23) or x 0.75."""
+    if proto is not SIMPLE or c.version < PAT_SINCE:
+        return np.full(c.nbytes.shape, np.inf)
+    levels = np.floor(np.log2(np.maximum(c.domains, 1.0)))
+    latency_us = (
+        _PAT_BASE_US
+        + levels * c.cluster.params.net_step_latency_us / _PAT_LOG_DIVISOR
+        + _PAT_PER_RANK_US * c.ranks
+    )
+    # NCCL converts no bus bandwidth to an algorithm bandwidth for PAT: time = bytes / (busBw x f).
+    t = latency_us * 1e-6 + c.nbytes / (c.busbw * pat_bw_factor(c.version))
+    return np.where(c.one_rank_per_node, t, np.inf)
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One NCCL algorithm: the collectives it implements and its cost for a protocol."""
+    """One NCCL algorithm: the collectives it implements and its cost for a protocol. `time`
+    returns inf where the algorithm does not apply; `simple_only` and `applies` let
+    `collective_time` skip pricing it at all where it cannot win (search's speed)."""
 
     name: str
     collectives: tuple[str, ...]
     time: Callable[[CollectiveCase, Protocol], np.ndarray]
+    simple_only: bool = False
+    applies: Callable[[CollectiveCase], bool] = lambda c: True
 
 
 ALGORITHMS: tuple[Algorithm, ...] = (
     # AllToAll is n-1 point-to-point transfers (NCCL's grouped send/recv): priced as a "ring" whose
     # steps are its peers, the ones outside the NVLink domain paying network latency.
     Algorithm("ring", collectives.NAMES, _ring_time),
-    Algorithm("tree", (ALL_REDUCE,), _tree_time),
+    Algorithm("tree", (ALL_REDUCE,), _tree_time, applies=lambda c: bool(c.multi.any())),
     # AllReduce's NVLS is its NVLink tier's gain with the ring's fitted latency: the 8-GPU H200
     # nccl-tests all_reduce sweep is fitted better so (5.4 % against 9.9 % with NCCL's 23 µs).
-    Algorithm("nvls", (ALL_GATHER, REDUCE_SCATTER), _nvls_time),
+    Algorithm(
+        "nvls",
+        (ALL_GATHER, REDUCE_SCATTER),
+        _nvls_time,
+        simple_only=True,
+        applies=lambda c: c.cluster.gpu.nvls and not bool(c.multi.all()),
+    ),
+    Algorithm(
+        "nvls_tree",
+        (ALL_REDUCE,),
+        _nvls_tree_time,
+        simple_only=True,
+        applies=lambda c: (
+            c.cluster.gpu.nvls and c.version >= NVLS_TREE_SINCE and bool(c.multi.any())
+        ),
+    ),
+    Algorithm(
+        "pat",
+        (ALL_GATHER, REDUCE_SCATTER),
+        _pat_time,
+        simple_only=True,
+        applies=lambda c: c.version >= PAT_SINCE and bool(c.one_rank_per_node.any()),
+    ),
 )
 
 
 def _inter_steps(
-    collective: str, n: np.ndarray, domains: np.ndarray, per_domain: np.ndarray
+    collective: str,
+    n: np.ndarray,
+    domains: np.ndarray,
+    per_domain: np.ndarray,
+    version: tuple[int, ...] = (2, 20, 5),
 ) -> np.ndarray:
-    """NCCL 2.20's nInterSteps: ring steps that cross the network (NVLink domains as nodes)."""
+    """NCCL's nInterSteps: ring steps that cross the network (NVLink domains as nodes); for
+    AllReduce 2·nodes up to v2.22, 2·(nodes - 1) from v2.23."""
     if collective == ALL_REDUCE:
-        steps = 2.0 * domains
+        steps = 2.0 * np.where(domains > 1, domains - (version >= PAT_SINCE), 0.0)
         cap = 2.0 * (n - 1.0)
     elif collective == ALL_TO_ALL:
         return np.maximum(n - per_domain, 0.0)  # peers outside this rank's domain
@@ -291,13 +431,13 @@ def collective_time(
         busbw=busbw,
         factor=bus_factor(collective, n),
         steps=np.asarray(collectives.collective(collective).ring_steps(n)),
-        inter_steps=_inter_steps(collective, n, domains, per_domain),
+        inter_steps=_inter_steps(collective, n, domains, per_domain, cluster.nccl_version_tuple),
         cluster=cluster,
     )
     best = np.full(nbytes.shape, np.inf)
     for algorithm in ALGORITHMS:
-        if collective in algorithm.collectives:
-            for proto in PROTOCOLS:
+        if collective in algorithm.collectives and algorithm.applies(case):
+            for proto in (SIMPLE,) if algorithm.simple_only else PROTOCOLS:
                 best = np.minimum(best, algorithm.time(case, proto))
     return np.where(n <= 1, 0.0, best)
 

@@ -38,6 +38,34 @@ def state_powers_w(cluster: ClusterSpec) -> dict[str, float]:
     }
 
 
+def state_shares(
+    *, step_time_s: np.ndarray, compute_s: np.ndarray, comm_only_s: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shares of the step that are busy (compute, interfered or not), communication only and
+    idle, clipped as `average_power_w` clips them."""
+    step = np.maximum(step_time_s, 1e-30)
+    busy = np.clip(compute_s / step, 0.0, 1.0)
+    comm = np.clip(comm_only_s / step, 0.0, 1.0 - busy)
+    return busy, comm, 1.0 - busy - comm
+
+
+def comm_only_power_for_ratio(
+    cluster: ClusterSpec,
+    before: tuple[float, float, float],
+    after: tuple[float, float, float],
+    ratio: float,
+) -> float:
+    """The communication-only power (W) that would make power(after) / power(before) = `ratio`,
+    the other states keeping their draws: the power is linear in it, so
+    (a2 + c2 P) / (a1 + c1 P) = ratio solves for P. `before` / `after` are `state_shares`.
+    What F2 would need of a GPU spinning in NCCL kernels (docs/calibration.md)."""
+    w = state_powers_w(cluster)
+    (b1, c1, i1), (b2, c2, i2) = before, after
+    a1 = b1 * w["compute"] + i1 * w["idle"]
+    a2 = b2 * w["compute"] + i2 * w["idle"]
+    return float((ratio * a1 - a2) / (c2 - ratio * c1))
+
+
 def average_power_w(
     cluster: ClusterSpec,
     *,
@@ -49,11 +77,10 @@ def average_power_w(
     """Time-weighted mean power of a step: compute (including the interfered part, which
     `compute_s` contains), communication only, and idle for the rest."""
     w = state_powers_w(cluster)
-    step = np.maximum(step_time_s, 1e-30)
-    busy = np.clip(compute_s / step, 0.0, 1.0)
-    interfered = np.clip(interfered_s / step, 0.0, busy)
-    comm = np.clip(comm_only_s / step, 0.0, 1.0 - busy)
-    idle = 1.0 - busy - comm
+    busy, comm, idle = state_shares(
+        step_time_s=step_time_s, compute_s=compute_s, comm_only_s=comm_only_s
+    )
+    interfered = np.clip(interfered_s / np.maximum(step_time_s, 1e-30), 0.0, busy)
     clean = busy - interfered
     return (
         clean * w["compute"]

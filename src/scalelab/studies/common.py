@@ -41,8 +41,12 @@ class Assumptions:
             f"{self.sequences_per_gpu}), {self.precision}, causal flash attention",
             f"cluster {self.cluster} (DGX H100-like: 8 GPUs per node on NVSwitch, 8 x 400 Gb/s NICs); "
             "its parameters are the catalog's, the same `predict` and `validate` use",
-            "pure FSDP = FSDP2 full sharding over every GPU, reshard after forward, no model parallelism, "
-            "no activation recomputation unless the layout would not fit",
+            "pure FSDP = PyTorch 2.3.1's FSDP (FSDP1) FULL_SHARD over every GPU: one AllGather and one "
+            "ReduceScatter per transformer block's FlatParameter, implicit forward prefetch, "
+            "BACKWARD_PRE, limit_all_gathers (its defaults; the predictor's schedule is this one), "
+            "reshard after forward, no model parallelism, no activation recomputation unless the "
+            "layout would not fit; F3 and F6 search it over SHARD_GRAD_OP (no reshard) and "
+            "micro-batch like the TP/PP arm",
             f"hardware comparison at {self.hardware_scale_gpus} GPUs; strong scaling at global batch "
             f"{self.strong_scaling_global_batch}; TP x PP grid at {self.mp_grid_gpus} GPUs, global batch "
             f"{self.mp_grid_global_batch}",

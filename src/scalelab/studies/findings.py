@@ -11,6 +11,7 @@ from importlib import resources
 from typing import Any
 
 from scalelab.config.catalog import load_cluster
+from scalelab.perf.power import comm_only_power_for_ratio, state_powers_w, state_shares
 from scalelab.search import Constraints
 from scalelab.studies.common import (
     DEFAULT,
@@ -186,11 +187,19 @@ def compute(
     progress("findings: hardware")
     f4 = 100 * _fsdp(a, a.hardware_scale_gpus, "a100-ib")["mfu"]
     f5 = 100 * _fsdp(a, a.hardware_scale_gpus, a.cluster)["mfu"]
-    crossover = float("nan")
+    # Against the study's fixed FSDP arm (FULL_SHARD, reshard after forward), for the report.
+    f3_fixed = (
+        100 * (tp_best["tokens_per_s"] / f2048["tokens_per_s"] - 1) if tp_best else float("nan")
+    )
+    crossover = crossover_fixed = float("nan")
     for g in CROSSOVER_GPUS:
         progress(f"findings: crossover at {g} GPUs")
         mp = model_parallel_best(a, g)
-        if mp is not None and mp["tokens_per_s"] > fsdp_best(a, g)["tokens_per_s"]:
+        if mp is None:
+            continue
+        if math.isnan(crossover_fixed) and mp["tokens_per_s"] > _fsdp(a, g)["tokens_per_s"]:
+            crossover_fixed = float(g)
+        if mp["tokens_per_s"] > fsdp_best(a, g)["tokens_per_s"]:
             crossover = float(g)
             break
     progress("findings: best model-parallel degree at 2048")
@@ -214,7 +223,8 @@ def compute(
                "pure FSDP, GPU board power at 2048 vs 128 GPUs"),
         "F3": (f3, "%", "±15 points", p["F3"] - 15, p["F3"] + 15,
                f"best FSDP + TP 2-4 (TP {tp_text}, PP 1) vs the best pure FSDP (both searched over "
-               "reshard-after-forward, micro-batch, recompute), global tokens/s at 2048 GPUs"),
+               "reshard-after-forward, micro-batch, recompute), global tokens/s at 2048 GPUs; against "
+               f"the study's fixed FULL_SHARD arm: {fmt(f3_fixed, '%')} %"),
         "F4": (f4, "%", "±5 points", p["F4"] - 5, p["F4"] + 5,
                f"pure FSDP on a100-ib at {a.hardware_scale_gpus} GPUs"),
         "F5": (f5, "%", "±5 points", p["F5"] - 5, p["F5"] + 5,
@@ -222,7 +232,8 @@ def compute(
         "F6": (crossover, "GPUs", "crossover between 64 and 256", 64, 256,
                "smallest GPU count at which the best FSDP + TP/PP layout (TP or PP >= 2, the "
                "study's PP schedules) beats the best pure FSDP layout (the same search freedom); "
-               "none = not up to 2048 GPUs"),
+               f"none = not up to 2048 GPUs; against the study's fixed FULL_SHARD arm: "
+               f"{fmt(crossover_fixed, 'GPUs')}"),
         "F7": (degree, "degree", "best TP or PP degree of 2 to 4", ranges["F7"][0], ranges["F7"][1],
                "TP or PP degree of the best FSDP + TP/PP layout at 2048 GPUs"),
         "F8": (f8, "ratio", "from F1's ±5 points", f8_lo, f8_hi,
@@ -250,6 +261,36 @@ def compute(
     ]
 
 
+def _shares(row: dict[str, Any]) -> tuple[float, float, float]:
+    busy, comm, idle = state_shares(
+        step_time_s=row["step_time_s"],
+        compute_s=row["compute_s"] + row["optimizer_s"],
+        comm_only_s=row["exposed_comm_s"],
+    )
+    return float(busy), float(comm), float(idle)
+
+
+def f2_power_needed(a: Assumptions = DEFAULT) -> dict[str, float]:
+    """What F2 asks of the communication-only power state: the draw (W) of a GPU in NCCL kernels
+    alone that would give the study's F2, and its tolerance's edge nearest scalelab's, with the
+    time each state takes at 128 and 2048 GPUs as predicted (pure FSDP, the F1 runs)."""
+    paper = paper_range(paper_values()["F2"]["value"])[0]
+    _, cluster = load(a)
+    r128, r2048 = _fsdp(a, 128), _fsdp(a, 2048)
+    before, after = _shares(r128), _shares(r2048)
+    w = state_powers_w(cluster)
+    return {
+        "comm_only_w": w["comm_only"],
+        "compute_w": w["compute"],
+        "needed_w": comm_only_power_for_ratio(cluster, before, after, 1 + paper / 100),
+        "needed_w_at_tolerance": comm_only_power_for_ratio(
+            cluster, before, after, 1 + (paper - 3) / 100
+        ),
+        "comm_only_share_2048": after[1],
+        "busy_share_2048": after[0],
+    }
+
+
 SENSITIVITY = (
     {"sequences_per_gpu": 1, "seq_len": 2048},
     {"sequences_per_gpu": 1, "seq_len": 4096},
@@ -268,6 +309,10 @@ PARAMETER_SENSITIVITY: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
     (
         "network ring step 2 x NCCL's 14 µs (Figure 2's tree levels sit above NCCL's nominal)",
         (("params.net_step_latency_us", 28.0),),
+    ),
+    (
+        "NCCL 2.23.4 (PAT at one rank per node, v2.23 ring latencies), not PyTorch 2.3.1's 2.20.5",
+        (("nccl_version", "2.23.4"),),
     ),
     ("compute power 0.80 of TDP - idle (not 0.85)", (("params.compute_power_fraction", 0.80),)),
     ("compute power 0.90 of TDP - idle", (("params.compute_power_fraction", 0.90),)),

@@ -183,6 +183,7 @@ def headline(
     loss = outputs["weak-scaling"].data["loss"]
     grow = loss["step_growth_s"] or float("nan")
     f = {x.id: x for x in found}
+    need = findings.f2_power_needed(a)
     fitted = [x.id for x in found if x.basis == "fitted"]
     predicted = [x for x in found if x.basis == "predicted"]
     lines = [
@@ -213,6 +214,13 @@ def headline(
             if abs(loss["other_s"]) * 1e3 >= 0.5
             else "."
         ),
+        f"- **What F2 asks of a GPU in communication alone:** at 2048 GPUs pure FSDP spends "
+        f"{100 * need['comm_only_share_2048']:.0f} % of its step in communication only and "
+        f"{100 * need['busy_share_2048']:.0f} % busy; the study's F2 would need a GPU spinning in NCCL "
+        f"kernels alone to draw {need['needed_w']:.0f} W ({need['needed_w_at_tolerance']:.0f} W at "
+        f"the tolerance's edge), against {need['comm_only_w']:.0f} W from the power states and "
+        f"{need['compute_w']:.0f} W computing. A power reading during all_gather_perf at scale would "
+        "settle which is wrong: the power state or the share of the loss that is idle waiting.",
         f"- **How far to trust the findings' agreement:** {', '.join(fitted)} are in-sample (a catalog "
         "parameter was set from each; see the basis column); "
         + ", ".join(f"{x.id} {'within' if x.within else 'OUTSIDE'}" for x in predicted)

@@ -39,6 +39,7 @@ def analyze(
     parser: Parser = "auto",
     skip_bad: bool = False,
     workers: int | None = None,
+    kernels: bool = True,
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
@@ -52,6 +53,8 @@ def analyze(
     `workers`: processes that decode one large file (default: 2 where a second core is free
     now, `background.spare_core`; see `background.gather_in_two`, which says when it applies);
     results are the same with any number.
+    `kernels=False` leaves out each rank's kernel report (`RankReport.kernels` is None: kernel
+    classes, idle causes, launch statistics), for callers that do not show it.
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
@@ -60,7 +63,13 @@ def analyze(
     for f in files:
         try:
             ranks.append(
-                analyze_file(f, keep_intervals=keep_intervals, parser=parser, workers=workers)
+                analyze_file(
+                    f,
+                    keep_intervals=keep_intervals,
+                    parser=parser,
+                    workers=workers,
+                    kernels=kernels,
+                )
             )
         except InputError as exc:
             bad.append((f, exc))
@@ -119,8 +128,9 @@ def analyze_file(
     keep_intervals: bool = False,
     parser: Parser = "auto",
     workers: int | None = None,
+    kernels: bool = True,
 ) -> RankReport:
-    """Analyse one trace file (`workers`: see `analyze`)."""
+    """Analyse one trace file (`workers`, `kernels`: see `analyze`)."""
     # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
     # would rescan them again and again while they are made (3-4x slower), and they hold no
     # cycles, so it is paused while the file is parsed and its events are extracted.
@@ -180,7 +190,9 @@ def analyze_file(
             windows.start_ns,
             windows.end_ns,
             [(name, exposed) for name, _, exposed, _ in sets.collectives],
-        ),
+        )
+        if kernels
+        else None,
         bandwidth=bandwidth_rows(comm_ops),
         comm_ops=comm_ops,
         notes=list(timeline.notes),

@@ -8,7 +8,6 @@ becomes an `InputError` that names the file and says what is wrong, never a trac
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from collections.abc import Iterable
@@ -23,10 +22,25 @@ try:  # ISA-L's inflate, 2-3x faster than zlib's (optional: the `fast` extra)
 except ImportError:
     _inflate = zlib  # type: ignore[assignment,misc,unused-ignore]
 
-try:  # the typed fast path; without msgspec the general parser reads everything
-    from scalelab.trace import schema as _schema
-except ImportError:  # pragma: no cover - msgspec is a dependency, but optional at run time
-    _schema = None  # type: ignore[assignment]
+# The typed fast path (`schema`, msgspec), imported on first use (`_typed`) so that a command
+# can start reading its file (`prefetch`) before that import; without msgspec the general
+# parser reads everything.
+_schema: Any = None
+_schema_tried = False
+
+
+def _typed() -> Any:
+    """The `schema` module, or None without msgspec."""
+    global _schema, _schema_tried
+    if not _schema_tried:
+        _schema_tried = True
+        try:
+            from scalelab.trace import schema
+        except ImportError:  # pragma: no cover - msgspec is a dependency, optional at run time
+            schema = None  # type: ignore[assignment]
+        _schema = schema
+    return _schema
+
 
 Parser = Literal["auto", "general"]
 
@@ -107,7 +121,7 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     import threading
 
     global _prefetch_thread
-    if _prefetch_thread is not None:  # one at a time: the next read takes the pending one
+    if _prefetch_thread is not None or _prefetched:  # one at a time: the next read takes it
         return
 
     def work() -> None:
@@ -149,7 +163,7 @@ def _take_prefetched(path: Path) -> bytes | None:
 
 def typed_parser_available() -> bool:
     """Whether the msgspec fast path is installed."""
-    return _schema is not None
+    return _typed() is not None
 
 
 def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
@@ -161,10 +175,11 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     """
     path = Path(path)
     data = read_bytes(path)
-    if parser == "auto" and _schema is not None:
+    schema = _typed() if parser == "auto" else None
+    if schema is not None:
         try:
-            events, metadata = _schema.decode(data)
-        except _schema.DecodeFailed:
+            events, metadata = schema.decode(data)
+        except schema.DecodeFailed:
             pass  # unusual or broken: the general parser reads it, or says what is wrong
         else:
             return RawTrace(path, events, metadata, typed=True)
@@ -198,6 +213,8 @@ def _gunzip(data: bytes, where: str) -> bytes:
             where, "truncated gzip file: the compressed data ends before its end marker"
         )
     if rest and rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
+        import gzip
+
         try:
             return gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as exc:

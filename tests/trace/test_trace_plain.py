@@ -1,0 +1,115 @@
+"""The numpy-free default report (`scalelab.trace.plain`) gives the full analysis's numbers and
+table on every test trace, and the default command imports no numpy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trace_helpers import TRACES, write_trace, x
+
+from scalelab.cli import trace as cli
+from scalelab.trace import analyze, plain
+from scalelab.trace.report import TraceReport
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ALL = sorted(p.name for p in TRACES.glob("*.json.gz"))
+GPU = [name for name in ALL if not name.startswith("cpu-")]
+
+
+def _table(report: TraceReport, *, per_step: bool) -> str:
+    out = cli._Out()
+    cli._render(out, report, per_step=per_step, stragglers=False, kernels=False, bandwidth=False)
+    return "\n".join(out.parts)
+
+
+@pytest.mark.parametrize("name", GPU)
+def test_the_plain_report_equals_the_full_analysis(name: str) -> None:
+    full = analyze(TRACES / name)
+    fast = plain.report([TRACES / name])
+    a, b = full.ranks[0], fast.ranks[0]
+    for key in ("path", "rank", "world_size", "mode", "step_source", "n_events", "n_lanes"):
+        assert getattr(a, key) == getattr(b, key), key
+    assert (a.launched_before_profiling, a.notes) == (b.launched_before_profiling, b.notes)
+    for key in ("total", "outside_steps", "before_steps", "after_steps"):
+        assert getattr(a, key).to_dict() == getattr(b, key).to_dict(), key
+    assert [s.to_dict() for s in a.steps] == [s.to_dict() for s in b.steps]
+    assert full.summary.to_dict() == fast.summary.to_dict()
+    for per_step in (False, True):
+        assert _table(full, per_step=per_step) == _table(fast, per_step=per_step)
+
+
+def test_what_the_plain_report_does_not_cover_is_left_to_the_full_analysis(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(plain.UnsupportedError):
+        plain.report([TRACES / "cpu-gloo-rank34-of-300.json.gz"])  # a CPU trace
+    with pytest.raises(plain.UnsupportedError):  # two ranks: matched for stragglers
+        plain.report(
+            [TRACES / "sampled-rank0-of-128.json.gz", TRACES / "sampled-rank1-of-128.json.gz"]
+        )
+    odd = write_trace(  # a stream id that is a string: the full analysis reads it
+        tmp_path / "odd.json",
+        [
+            x("k", 10.0, 5.0, cat="kernel", tid="stream 7"),
+            x("ncclKernel_AllReduce", 12.0, 5.0, cat="kernel"),
+        ],
+    )
+    with pytest.raises(plain.UnsupportedError):
+        plain.report([odd])
+
+
+def _importtime(*args: str) -> tuple[str, set[str]]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "scalelab", "trace", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    return done.stdout, imported
+
+
+def test_the_default_command_does_not_import_numpy() -> None:
+    path = TRACES / "a100-ddp-rank0-of-2.json.gz"
+    out, imported = _importtime(str(path), "--per-step")
+    assert "numpy" not in imported
+    assert out == _table(analyze(path), per_step=True) + "\n"
+    # what the plain path does not cover still works, with numpy
+    out, imported = _importtime(str(path), "--kernels")
+    assert "numpy" in imported and "kernel time by class" in out
+
+
+def test_the_full_analysis_without_the_kernel_report_is_otherwise_the_same() -> None:
+    path = TRACES / "a100-ddp-rank0-of-2.json.gz"
+    full, lean = analyze(path).to_dict(), analyze(path, kernels=False).to_dict()
+    assert full["ranks"][0].pop("kernels") is not None
+    assert lean["ranks"][0].pop("kernels") is None
+    assert full == lean
+
+
+def test_a_large_file_on_a_busy_machine_takes_the_plain_path_too(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Above `plain.MAX_BYTES` the command takes the numpy analysis only where a core is free."""
+    path = TRACES / "a100-ddp-rank0-of-2.json.gz"
+    monkeypatch.setattr(plain, "MAX_BYTES", 1000)
+    monkeypatch.setattr(cli, "_spare_core", lambda: False)
+    calls: list[object] = []
+    monkeypatch.setattr(plain, "rank_report", lambda *a: calls.append(a) or _real_rank_report(*a))
+    assert cli.run([str(path)]) == 0
+    assert calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
+    monkeypatch.setattr(cli, "_spare_core", lambda: True)
+    calls.clear()
+    assert cli.run([str(path)]) == 0
+    assert not calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
+
+
+_real_rank_report = plain.rank_report
