@@ -208,3 +208,43 @@ def test_fit_stack_recovers_a_stack_parameter_with_the_cluster_fixed() -> None:
     ]
     fitted = fit_stack(points, ["tp_layer_overhead_us"])
     assert fitted["tp_layer_overhead_us"] == pytest.approx(400.0, rel=1e-3)
+
+
+def test_calibrate_cli_fits_stack_parameters_apart_and_writes_a_stack(cli, tmp_path) -> None:
+    """`calibrate --stack-params` fits a stack's number with the (fitted) cluster held fixed and
+    writes a stack YAML that predict's --stack reads: 50 ms of per-step framework work added to
+    single-GPU bench steps comes back in the stack's step_overhead_ms (which replaces the
+    cluster's)."""
+    from scalelab.config.catalog import load_stack
+    from scalelab.config.layout import LayoutTable
+    from scalelab.perf.predict import predict
+
+    model = load_model("llama2-1b")
+    layouts = [
+        Layout(gpus=1, global_batch=mb, seq_len=sl, micro_batch=mb)
+        for mb in (1, 2)
+        for sl in (1024, 2048, 4096)
+    ]
+    steps = predict(model, _H100, LayoutTable.from_layouts(layouts))["step_time_s"] + 0.05
+    out = tmp_path / "records"
+    for i, (lay, t) in enumerate(zip(layouts, steps, strict=True)):
+        write_record(
+            Record(
+                kind="bench", run_id=f"s{i}", name=f"bench-{i}", created_utc="2026-12-03T00:00:00Z",
+                status="ok", workload={"model": model.name, "model_spec": model.model_dump()},
+                layout=lay.model_dump(), summary={"step_time_s": {"mean": float(t)}},
+            ),
+            out,
+        )  # fmt: skip
+    stack_file = tmp_path / "mine.yaml"
+    r = cli(
+        "calibrate", str(out), "--base", "h100-ib", "--out", str(tmp_path / "c.yaml"),
+        "--params", "nvlink_bus_efficiency", "--stack", "generic",
+        "--stack-params", "step_overhead_ms", "--stack-out", str(stack_file), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    want = _H100.params.step_overhead_ms + 50.0
+    assert json.loads(r.stdout)["stack_fitted"]["step_overhead_ms"] == pytest.approx(want, rel=0.02)
+    assert load_stack(str(stack_file)).params.step_overhead_ms == pytest.approx(want, rel=0.02)
+    bad = cli("calibrate", str(out), "--stack-params", "gemm_efficiency")
+    assert bad.returncode == 2 and "stack-params" in bad.stderr

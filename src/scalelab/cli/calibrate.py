@@ -42,8 +42,28 @@ def calibrate(
             "sizes: taken as comm records are (see `scalelab trace --bandwidth`)",
         ),
     ] = None,
+    stack: Annotated[
+        str,
+        typer.Option(
+            "--stack",
+            help="the software stack the bench records ran (catalog name or YAML): their steps "
+            "are predicted with its behaviour",
+        ),
+    ] = "generic",
+    stack_params: Annotated[
+        str | None,
+        typer.Option(
+            "--stack-params",
+            help="comma-separated stack parameters to fit after the cluster's, with the fitted "
+            "cluster held fixed (e.g. tp_layer_overhead_us); written to --stack-out",
+        ),
+    ] = None,
+    stack_out: Annotated[
+        Path, typer.Option("--stack-out", help="stack YAML to write (with --stack-params)")
+    ] = Path("my-stack.yaml"),
 ) -> None:
-    """Fit the base cluster's free parameters to the records and write a cluster YAML."""
+    """Fit the base cluster's free parameters to the records and write a cluster YAML; with
+    --stack-params, then fit those stack parameters apart and write a stack YAML."""
     from scalelab.calibrate import BOUNDS, fit, points_from_records, write_cluster_yaml
     from scalelab.config.catalog import load_cluster
     from scalelab.results import load_record, record_paths
@@ -59,8 +79,23 @@ def calibrate(
             raise InputError("records", f"no such file or folder: {item}")
     if not paths and not traces:
         raise InputError("records", "no record files found (give records or --trace)")
+    from dataclasses import replace
+
+    from scalelab.config.catalog import load_stack
+    from scalelab.config.stack import STACK_PARAMS
+
+    run_stack = load_stack(stack)
     loaded = [load_record(p) for p in paths]
     comm_points, step_points, skipped = points_from_records(loaded)
+    step_points = [replace(p, stack=run_stack) for p in step_points]
+    fit_stack_names = [n.strip() for n in (stack_params or "").split(",") if n.strip()]
+    bad = [n for n in fit_stack_names if n not in STACK_PARAMS]
+    if bad:
+        raise InputError(
+            "stack-params", f"cannot fit {', '.join(bad)}; choose from {', '.join(STACK_PARAMS)}"
+        )
+    if fit_stack_names and not step_points:
+        raise InputError("stack-params", "stack parameters need bench records (step times)")
     comm_points += _trace_points(traces or [], cluster.gpus_per_node)
     names = None
     if params:
@@ -72,8 +107,13 @@ def calibrate(
             )
     result = fit(cluster, comm_points, step_points, names)
     path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
+    stack_fit: dict[str, Any] = {}
+    if fit_stack_names:
+        stack_fit = _fit_and_write_stack(
+            cluster, result, run_stack, step_points, fit_stack_names, stack_out, len(loaded)
+        )
     if json_out:
-        print_json({**result.to_dict(), "cluster_file": str(path), "skipped": skipped})
+        print_json({**result.to_dict(), "cluster_file": str(path), "skipped": skipped, **stack_fit})
         return
     table = Table(
         title=f"fitted parameters (base {cluster.name}; {len(comm_points)} collective points, {len(step_points)} step points)"
@@ -115,6 +155,51 @@ def calibrate(
     console.print(
         f"mean |error| {result.error_before * 100:.1f} % -> {result.error_after * 100:.1f} %; wrote {path}"
     )
+    if stack_fit:
+        stack_text = ", ".join(f"{k} {v:.4g}" for k, v in stack_fit["stack_fitted"].items())
+        console.print(
+            f"stack {run_stack.name}: {stack_text} (cluster held fixed); wrote {stack_out}"
+        )
+
+
+def _fit_and_write_stack(
+    cluster: Any,
+    result: Any,
+    run_stack: Any,
+    step_points: list[Any],
+    names: list[str],
+    out: Path,
+    n_records: int,
+) -> dict[str, Any]:
+    """Fit `names` of the stack on the step points with the fitted cluster held fixed, and write
+    the stack (its behaviour and the fitted numbers) as a YAML `load_stack` reads."""
+    from dataclasses import replace
+
+    import yaml
+
+    from scalelab.calibrate import calibrated_cluster, fit_stack
+    from scalelab.io import atomic_write_text
+
+    fitted_cluster = calibrated_cluster(cluster, result, cluster.name)
+    # Each point on its own node type with the fitted cluster parameters, as `fit` predicts it.
+    points = [
+        replace(
+            p,
+            hardware=fitted_cluster
+            if p.hardware is None
+            else p.hardware.model_copy(update={"params": fitted_cluster.params}),
+        )
+        for p in step_points
+    ]
+    values = fit_stack(points, names)
+    params = run_stack.params.model_copy(update=values)
+    data = run_stack.model_copy(update={"params": params}).model_dump(mode="json", exclude={"name"})
+    data["source"] = (
+        f"{run_stack.source} FITTED by scalelab calibrate on {n_records} records: "
+        + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
+    ).strip()
+    atomic_write_text(out, yaml.safe_dump(data, sort_keys=False))
+    return {"stack_fitted": values, "stack_file": str(out)}
 
 
 def _trace_points(traces: list[Path], gpus_per_node: int) -> list[Any]:
