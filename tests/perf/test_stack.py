@@ -177,12 +177,13 @@ def test_eager_rmsnorm_pays_its_counted_hbm_passes() -> None:
 def test_gradient_allreduce_after_backward_is_exposed(pp: int) -> None:
     """A stack that all-reduces every gradient after the last backward (Aleph Alpha's codebase:
     ZeRO-1 by AllReduce, in the optimizer step) exposes all of it; ZeRO-1 by ReduceScatter
-    overlapped with backward (generic) hides most of it and moves fewer bytes."""
+    overlapped with backward (generic) hides most of it and moves half the bytes (the AllReduce
+    takes at least 1.3x as long: 2x as a ring, less where NCCL's cost model picks a tree, as at
+    pp 4, where each replica group has one rank per node)."""
     layout = Layout(gpus=64, global_batch=256, seq_len=2048, sharding="zero1", tp=2, pp=pp)
     plain = _row("llama2-13b", layout, "generic")
     late = _row("llama2-13b", layout, "aleph-alpha-scaling")
-    # A ring AllReduce moves twice a ReduceScatter's bytes; NVLSTree narrows that across nodes.
-    assert late["dp_grad_reduce_s"] > 1.2 * plain["dp_grad_reduce_s"]
+    assert late["dp_grad_reduce_s"] > 1.3 * plain["dp_grad_reduce_s"]
     assert late["dp_grad_reduce_exposed_s"] == pytest.approx(late["dp_grad_reduce_s"], rel=1e-6)
     assert plain["dp_grad_reduce_exposed_s"] < 0.5 * plain["dp_grad_reduce_s"]
     assert late["step_time_s"] - plain["step_time_s"] > 0.5 * late["dp_grad_reduce_s"]
