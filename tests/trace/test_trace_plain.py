@@ -12,7 +12,7 @@ import pytest
 from trace_helpers import TRACES, write_trace, x
 
 from scalelab.cli import trace as cli
-from scalelab.trace import analyze, plain
+from scalelab.trace import analyze, load, plain
 from scalelab.trace.report import TraceReport
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -103,7 +103,7 @@ def test_a_file_over_the_size_limit_takes_the_numpy_analysis(
     monkeypatch.setattr(plain, "rank_report", lambda *a: calls.append(a) or _real_rank_report(*a))
     assert cli.run([str(path)]) == 0
     assert calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
-    monkeypatch.setattr(plain, "MAX_BYTES", 1000)
+    monkeypatch.setattr(load, "PLAIN_MAX_BYTES", 1000)
     calls.clear()
     assert cli.run([str(path)]) == 0
     assert not calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"

@@ -240,15 +240,15 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
     (path,) = files
     load.prefetch(files)
     load.typed_parser_available()  # imports the decoder meanwhile
-    from scalelab.trace import plain
-
     try:
         data = load.read_bytes(path)
     except InputError:
         return None
     load.remember(path, data)
-    if len(data) > plain.MAX_BYTES:
+    if len(data) > load.PLAIN_MAX_BYTES:
         return None  # the numpy analysis, its import beside a child's decoding
+    from scalelab.trace import plain
+
     if exits:
         load.keep_parsed = []
     try:

@@ -35,14 +35,6 @@ _MAX_TIME_US = float(2**53)  # as extract.MAX_TIME_US
 _COLLECTIVE_INDEX = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-# Decompressed bytes above which a command leaves a trace to the full analysis: there the
-# numpy analysis, whose import a command runs beside a forked child decoding the file
-# (`background`), is faster than these lists (per event, this module is slower than numpy).
-# Measured on the 2-core build machine under load: v100-ddp (54 MB) 0.71 s that way against
-# 0.95 s here; the ~105,000-event traces (26-35 MB) as fast or faster here.
-MAX_BYTES = 40_000_000
-
-
 class UnsupportedError(Exception):
     """Not a case this path covers: run the full analysis."""
 
