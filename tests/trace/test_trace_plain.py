@@ -12,7 +12,7 @@ import pytest
 from trace_helpers import TRACES, write_trace, x
 
 from scalelab.cli import trace as cli
-from scalelab.trace import analyze, plain
+from scalelab.trace import analyze, load, plain
 from scalelab.trace.report import TraceReport
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -95,18 +95,15 @@ def test_the_full_analysis_without_the_kernel_report_is_otherwise_the_same() -> 
     assert full == lean
 
 
-def test_a_large_file_on_a_busy_machine_takes_the_plain_path_too(
+def test_a_file_over_the_size_limit_takes_the_numpy_analysis(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Above `plain.MAX_BYTES` the command takes the numpy analysis only where a core is free."""
     path = TRACES / "a100-ddp-rank0-of-2.json.gz"
-    monkeypatch.setattr(plain, "MAX_BYTES", 1000)
-    monkeypatch.setattr(cli, "_spare_core", lambda: False)
     calls: list[object] = []
     monkeypatch.setattr(plain, "rank_report", lambda *a: calls.append(a) or _real_rank_report(*a))
     assert cli.run([str(path)]) == 0
     assert calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"
-    monkeypatch.setattr(cli, "_spare_core", lambda: True)
+    monkeypatch.setattr(load, "PLAIN_MAX_BYTES", 1000)
     calls.clear()
     assert cli.run([str(path)]) == 0
     assert not calls and capsys.readouterr().out == _table(analyze(path), per_step=False) + "\n"

@@ -225,10 +225,9 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
     and reports any error as it always does).
 
     The file is read and decompressed in a thread while the decoder (msgspec) is imported. A
-    larger file is left to the full analysis with its bytes where a core is free now: a forked
-    child decodes it while the command imports numpy (`background`), which then takes less
-    time than these lists; on a machine whose cores are busy, nothing runs beside, and the
-    numpy import only adds to the time."""
+    larger file is left to the full analysis with its bytes: a forked child decodes it while
+    the command imports numpy (`background`), which then takes less time than these lists,
+    even on a busy machine (two processes get twice the share of its cores)."""
     from scalelab.errors import InputError
     from scalelab.trace import load
 
@@ -241,15 +240,15 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
     (path,) = files
     load.prefetch(files)
     load.typed_parser_available()  # imports the decoder meanwhile
-    from scalelab.trace import plain
-
     try:
         data = load.read_bytes(path)
     except InputError:
         return None
     load.remember(path, data)
-    if len(data) > plain.MAX_BYTES and _spare_core():
-        return None  # the numpy analysis, its import hidden behind a child's decoding
+    if len(data) > load.PLAIN_MAX_BYTES:
+        return None  # the numpy analysis, its import beside a child's decoding
+    from scalelab.trace import plain
+
     if exits:
         load.keep_parsed = []
     try:
@@ -271,12 +270,6 @@ def _plain_report_only(opts: argparse.Namespace) -> bool:
         and opts.cluster is None
         and opts.plot is None
     )
-
-
-def _spare_core() -> bool:
-    from scalelab.trace import background
-
-    return background.available() and background.spare_core()
 
 
 def _start_background(paths: list[Path]) -> bool:

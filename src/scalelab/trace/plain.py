@@ -35,25 +35,24 @@ _MAX_TIME_US = float(2**53)  # as extract.MAX_TIME_US
 _COLLECTIVE_INDEX = {name: i for i, name in enumerate(classify.COLLECTIVES)}
 
 
-# Decompressed bytes above which a command leaves a trace to the full analysis where a core is
-# free: there the numpy analysis, whose import a command hides behind decoding the file in a
-# child process (`background`), is faster than these lists (per event, this module is slower
-# than numpy).
-MAX_BYTES = 20_000_000
-
-
 class UnsupportedError(Exception):
     """Not a case this path covers: run the full analysis."""
 
 
-def report(paths: Iterable[str | Path]) -> TraceReport:
+def report(paths: Iterable[str | Path], *, split: bool | None = None) -> TraceReport:
     """The default report of one typed GPU trace file (`UnsupportedError` for anything else,
-    including several files: their ranks are matched for stragglers by the full analysis)."""
+    including several files: their ranks are matched for stragglers by the full analysis).
+
+    `split`: decode a large file in two processes (`background.gather_in_two`; default: where
+    a core is spare now, as the library does: on a busy machine the fork, the copies of the
+    halves and the pipe cost more than the second process saves)."""
     files = find_trace_files(paths)
     if len(files) != 1:
         raise UnsupportedError("several files")
     (path,) = files
-    gathered = background.gather_in_two(path) if background.spare_core() else None
+    if split is None:
+        split = background.spare_core()
+    gathered = background.gather_in_two(path) if split else None
     if gathered is None:
         raw = read_trace(path)
         if not raw.typed:
