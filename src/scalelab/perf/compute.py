@@ -20,7 +20,7 @@ import numpy as np
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import AttentionKernel
-from scalelab.perf.distinct import distinct_rows
+from scalelab.perf.distinct import Distinct, distinct_rows
 
 ArrayOrScalar = np.ndarray | float
 
@@ -88,10 +88,12 @@ def layer_compute(
     fp8: np.ndarray,
     attention: np.ndarray,
     eager_norm: bool = False,
+    rows: Distinct | None = None,
 ) -> LayerCompute:
     """Forward and backward compute of one layer per micro-batch on one GPU. `eager_norm`: the
     stack runs RMSNorm as eager PyTorch ops (`StackSpec.norm_kernel`). Computed once per
-    distinct combination of the columns it reads (`distinct_rows`), then spread to every row."""
+    distinct combination of the columns it reads, then spread to every row: `rows`, that
+    grouping (`layer_rows`), is computed here when not given."""
     columns = dict(
         micro_batch=micro_batch,
         seq_len=seq_len,
@@ -101,7 +103,7 @@ def layer_compute(
         fp8=fp8,
         attention=attention,
     )
-    groups = distinct_rows(*columns.values())
+    groups = rows if rows is not None else layer_rows(**columns)
     if groups is None:
         return _layer_compute(model, cluster, eager_norm=eager_norm, **columns)
     few = _layer_compute(
@@ -111,6 +113,19 @@ def layer_compute(
         **{name: groups.take(column) for name, column in columns.items()},
     )
     return LayerCompute(**{f.name: groups.back(getattr(few, f.name)) for f in fields(few)})
+
+
+def layer_rows(
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    cp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    fp8: np.ndarray,
+    attention: np.ndarray,
+) -> Distinct | None:
+    """Layouts grouped by the columns `layer_compute` reads (None where grouping does not pay)."""
+    return distinct_rows(micro_batch, seq_len, tp, cp, sequence_parallel, fp8, attention)
 
 
 def _layer_compute(
