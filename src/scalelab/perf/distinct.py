@@ -13,6 +13,8 @@ import numpy as np
 # Keys spanning at most this many values are grouped with a lookup table (no sort).
 _TABLE_SPAN = 1 << 22
 _MAX_SPAN = 1 << 62
+# Columns spanning more values than this are renumbered densely before they are combined.
+_DENSE_WIDTH = 64
 
 
 class Distinct:
@@ -36,6 +38,14 @@ class Distinct:
         return np.asarray(values)[self.inverse]
 
 
+def _dense_codes(offsets: np.ndarray, width: int) -> tuple[np.ndarray, int]:
+    """Non-negative integers below `width` renumbered 0, 1, ... in order, and how many."""
+    seen = np.zeros(width, dtype=bool)
+    seen[offsets] = True
+    slot = np.cumsum(seen, dtype=np.int64) - 1
+    return slot[offsets], int(slot[-1]) + 1
+
+
 def distinct_rows(*columns: np.ndarray, max_share: float = 0.5) -> Distinct | None:
     """The grouping of the rows by `columns` (equal-length integer or boolean arrays), or None
     where it would not pay: a column of another kind, keys too wide, or more than `max_share`
@@ -51,17 +61,16 @@ def distinct_rows(*columns: np.ndarray, max_share: float = 0.5) -> Distinct | No
         values = column.astype(np.int64, copy=False)
         low = int(values.min())
         width = int(values.max()) - low + 1
+        if _DENSE_WIDTH < width <= _TABLE_SPAN:  # sparse values (GPU counts): dense codes
+            values, width = _dense_codes(values - low, width)
+            low = 0
         if span * width > _MAX_SPAN:
             return None
         if width > 1:
             key += (values - low) * span
         span *= width
     if span <= _TABLE_SPAN:
-        seen = np.zeros(span, dtype=bool)
-        seen[key] = True
-        slot = np.cumsum(seen, dtype=np.int64) - 1
-        inverse = slot[key]
-        count = int(slot[-1]) + 1
+        inverse, count = _dense_codes(key, span)
         first = np.empty(count, dtype=np.int64)
         first[inverse] = np.arange(n)
     else:
