@@ -189,6 +189,12 @@ def build_context(
     )
     shard_ranks = np.where(table.shards_params, ds, dp) * cp
     dp_replicate = np.maximum(1, dp // np.maximum(ds, 1))
+    # Send/recv's buffer reads the per-layer columns: their group number where they are grouped.
+    per_layer_key = (
+        (layer_groups.inverse,)
+        if layer_groups is not None
+        else (table.micro_batch, table.seq_len, t, cp, sp)
+    )
     compute = layer_compute(
         model,
         cluster,
@@ -240,7 +246,7 @@ def build_context(
         ),
         layer_rows=layer_groups,
         dp_rows=distinct_rows(table.sharding, t, shard_ranks, dp_replicate),
-        p2p_rows=distinct_rows(pp, table.gpus, table.micro_batch, table.seq_len, t, cp, sp),
+        p2p_rows=distinct_rows(pp, table.gpus, *per_layer_key),
     )
 
 
