@@ -43,7 +43,7 @@ from scalelab.perf.compute import (
 from scalelab.perf.distinct import Distinct, distinct_rows
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
-from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatch
+from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatches
 
 GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
@@ -449,8 +449,7 @@ def flat_step(
         gather_in_backward=take(ctx.table.reshard_after_forward),
         interference=ctx.cluster.overlap_interference,
     )
-    last = simulate_microbatch(sync_grads=True, **common)
-    other = simulate_microbatch(sync_grads=False, **common)
+    last, other = simulate_microbatches(**common)  # with and without the gradient reduction
     m_f = take(ctx.m_f)
     # A stack that reduces gradients on every micro-batch runs `last` m times.
     sync_each = take(ctx.grad_reduces_per_step) > 1.0
