@@ -1,6 +1,6 @@
 """Layouts evaluated per second by the predictor on one core, and llm-analysis for comparison.
 
-Run: `OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/predict_speed.py [--llm-analysis-python PATH]`.
+Run: `OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/predict_speed.py [--distinct] [--llm-analysis-python PATH]`.
 It prints wall-clock layouts/s and layouts per CPU-second (process time): on a loaded machine the
 second is the one that measures the predictor rather than the other processes.
 llm-analysis (PyPI, 0.2.2) is timed in its own interpreter, on a comparable configuration
@@ -11,6 +11,7 @@ Python that has it installed; it is never a dependency of scalelab.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import time
@@ -61,15 +62,42 @@ def layouts(n: int) -> LayoutTable:
     return table.take(np.arange(n) % len(pool))
 
 
+def distinct_layouts(n: int, seed: int = 1) -> LayoutTable:
+    """`n` layouts that are (almost) all different: random GPU counts, global batches, degrees,
+    micro-batches, shardings, recompute policies and sequence lengths. The predictor groups
+    layouts by the few columns each cost reads, so the default pool of 384 layouts repeated
+    flatters it; this table is the fairer figure (not every layout is valid; the predictor
+    does not check)."""
+    rng = np.random.default_rng(seed)
+    base = LayoutTable.from_layouts([Layout(gpus=64, global_batch=64, seq_len=4096)])
+    table = base.take(np.zeros(n, dtype=np.int64))
+    return dataclasses.replace(
+        table,
+        gpus=rng.choice([128, 256, 512, 1024, 2048, 4096], n) * rng.integers(1, 4, n),
+        global_batch=rng.integers(256, 8192, n),
+        tp=rng.choice([1, 2, 4, 8], n),
+        pp=rng.choice([1, 2, 4, 8], n),
+        micro_batch=rng.choice([1, 2, 4], n),
+        sharding=rng.integers(0, 5, n),
+        recompute=rng.integers(0, 3, n),
+        seq_len=rng.choice([2048, 4096, 8192], n),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layouts", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--distinct",
+        action="store_true",
+        help="time a table of (almost) all-different layouts instead of the repeated pool",
+    )
     parser.add_argument("--llm-analysis-python", default=os.environ.get("LLM_ANALYSIS_PYTHON"))
     args = parser.parse_args()
 
     model, cluster = load_model("llama2-70b"), load_cluster("h100-ib")
-    table = layouts(args.layouts)
+    table = distinct_layouts(args.layouts) if args.distinct else layouts(args.layouts)
     predict(model, cluster, table.take(np.arange(100)))
     best = best_cpu = float("inf")
     for _ in range(args.repeats):
@@ -87,7 +115,8 @@ def main() -> None:
         predict(load_model("llama2-7b"), cluster, one)
     single_rate = 200 / (time.perf_counter() - start)
     print(
-        f"scalelab predictor: {batch_rate:,.0f} layouts/s in batches of {args.layouts:,} (best of {args.repeats}; "
+        f"scalelab predictor: {batch_rate:,.0f} layouts/s in batches of {args.layouts:,}"
+        f"{' all-distinct' if args.distinct else ''} (best of {args.repeats}; "
         f"{cpu_rate:,.0f} per CPU-second, the figure to trust on a shared machine), "
         f"{single_rate:,.0f} single predictions/s; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )

@@ -33,6 +33,7 @@ from scalelab.collectives import ALL_TO_ALL as ALL_TO_ALL
 from scalelab.collectives import REDUCE_SCATTER as REDUCE_SCATTER
 from scalelab.collectives import SEND_RECV as SEND_RECV
 from scalelab.config.hardware import ClusterSpec
+from scalelab.perf.distinct import Distinct
 
 COLLECTIVES = collectives.BENCHMARKED
 
@@ -448,10 +449,22 @@ def collective_time_where(
     nbytes: np.ndarray,
     group: GroupShape,
     cluster: ClusterSpec,
+    rows: Distinct | None = None,
 ) -> np.ndarray:
     """`collective_time` on the layouts `mask` selects, 0 elsewhere: the same numbers there,
-    without pricing a collective for layouts that never issue it (search's speed)."""
+    without pricing a collective for layouts that never issue it (search's speed). `rows`, a
+    grouping of the layouts within which `mask`, `nbytes` and `group` do not vary
+    (`distinct_rows` of the columns they derive from), prices one layout per group."""
     mask = np.asarray(mask, dtype=bool)
+    if rows is not None:
+        first = rows.first
+        few_group = GroupShape(
+            ranks=group.ranks[first], ranks_per_domain=group.ranks_per_domain[first]
+        )
+        few_nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), mask.shape)[first]
+        return rows.back(
+            collective_time_where(mask[first], collective, few_nbytes, few_group, cluster)
+        )
     if mask.all():
         return collective_time(collective, nbytes, group, cluster)
     out = np.zeros(mask.shape)

@@ -13,13 +13,14 @@ torch.compile) pays the HBM passes of its composite ops in fp32 (`EAGER_RMSNORM_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import AttentionKernel
+from scalelab.perf.distinct import Distinct, distinct_rows
 
 ArrayOrScalar = np.ndarray | float
 
@@ -87,9 +88,60 @@ def layer_compute(
     fp8: np.ndarray,
     attention: np.ndarray,
     eager_norm: bool = False,
+    rows: Distinct | None = None,
 ) -> LayerCompute:
     """Forward and backward compute of one layer per micro-batch on one GPU. `eager_norm`: the
-    stack runs RMSNorm as eager PyTorch ops (`StackSpec.norm_kernel`)."""
+    stack runs RMSNorm as eager PyTorch ops (`StackSpec.norm_kernel`). Computed once per
+    distinct combination of the columns it reads, then spread to every row: `rows`, that
+    grouping (`layer_rows`), is computed here when not given."""
+    columns = dict(
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel,
+        fp8=fp8,
+        attention=attention,
+    )
+    groups = rows if rows is not None else layer_rows(**columns)
+    if groups is None:
+        return _layer_compute(model, cluster, eager_norm=eager_norm, **columns)
+    few = _layer_compute(
+        model,
+        cluster,
+        eager_norm=eager_norm,
+        **{name: groups.take(column) for name, column in columns.items()},
+    )
+    return LayerCompute(**{f.name: groups.back(getattr(few, f.name)) for f in fields(few)})
+
+
+def layer_rows(
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    cp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    fp8: np.ndarray,
+    attention: np.ndarray,
+) -> Distinct | None:
+    """Layouts grouped by the columns `layer_compute` reads (None where grouping does not pay)."""
+    return distinct_rows(micro_batch, seq_len, tp, cp, sequence_parallel, fp8, attention)
+
+
+def _layer_compute(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    tp: np.ndarray,
+    cp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    fp8: np.ndarray,
+    attention: np.ndarray,
+    eager_norm: bool,
+) -> LayerCompute:
+    """`layer_compute` on every row given."""
     p = cluster.params
     gpu = cluster.gpu
     d, kv, ff, heads = model.d_model, model.kv_dim, model.d_ff, model.n_heads

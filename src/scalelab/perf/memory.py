@@ -15,6 +15,7 @@ flash kernel); a pipeline's first stage holds up to `pp` micro-batches in flight
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import PipelineSchedule, Recompute, Sharding
 from scalelab.perf import moe as moe_mod
+from scalelab.perf.distinct import Distinct
 from scalelab.perf.moe import MoECost
 
 
@@ -83,6 +85,45 @@ def alternate_matmul_bytes_per_layer(
     return 2.0 * (tokens * (saved_mm + attention_out) + sp_tokens * (d + reduce_scatter))
 
 
+class LayerActivations(NamedTuple):
+    """Activation bytes of one layer per micro-batch: all of them, with selective recompute,
+    its input alone (full recompute); and the logits (no pipeline)."""
+
+    per_layer: np.ndarray
+    selective: np.ndarray
+    layer_input: np.ndarray
+    logits: np.ndarray
+
+
+def _layer_activations(
+    model: ModelSpec,
+    *,
+    micro_batch: np.ndarray,
+    seq_len: np.ndarray,
+    cp: np.ndarray,
+    tp: np.ndarray,
+    sequence_parallel: np.ndarray,
+    math_attention: np.ndarray,
+    selective_alternate: bool,
+) -> LayerActivations:
+    tp_f = tp.astype(float)
+    tokens = micro_batch * seq_len / cp
+    score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len
+    per_layer = activation_bytes_per_layer(
+        model, tokens, tp, sequence_parallel, math_attention, score_elems
+    )
+    layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
+    # Selective recompute (Korthikanti et al. 2022) recomputes the attention core, so it frees the
+    # score-sized tensors (the 5·a·s/h term): with a flash kernel they are never stored, so nothing.
+    selective = activation_bytes_per_layer(
+        model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
+    )
+    if selective_alternate:
+        selective = alternate_matmul_bytes_per_layer(model, tokens, tp, sequence_parallel)
+    logits = 2.0 * 4.0 * tokens * model.vocab_size / tp_f
+    return LayerActivations(per_layer, selective, layer_input, logits)
+
+
 def memory_per_gpu(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -103,9 +144,12 @@ def memory_per_gpu(
     math_attention: np.ndarray,
     moe: MoECost | None = None,
     selective_alternate: bool = False,
+    layer_rows: Distinct | None = None,
 ) -> MemoryBreakdown:
     """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first). A MoE model's
-    routed experts (`moe`) are held n_experts / ep per rank and sharded over expert_dp ranks."""
+    routed experts (`moe`) are held n_experts / ep per rank and sharded over expert_dp ranks.
+    `layer_rows`: the layouts grouped by (at least) micro-batch, sequence, CP, TP, SP and the
+    attention kernel, to compute each layer's activations once per group."""
     tp_f = tp.astype(float)
     layers_per_stage = np.ceil(model.n_layers / (pp * virtual_stages)) * virtual_stages
     stage_params = (
@@ -141,19 +185,24 @@ def memory_per_gpu(
             0.0,
         )
 
-    tokens = micro_batch * seq_len / cp
-    score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len
-    per_layer = activation_bytes_per_layer(
-        model, tokens, tp, sequence_parallel, math_attention, score_elems
+    columns = dict(
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        cp=cp,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        math_attention=math_attention,
     )
-    layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
-    # Selective recompute (Korthikanti et al. 2022) recomputes the attention core, so it frees the
-    # score-sized tensors (the 5·a·s/h term): with a flash kernel they are never stored, so nothing.
-    selective = activation_bytes_per_layer(
-        model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
-    )
-    if selective_alternate:
-        selective = alternate_matmul_bytes_per_layer(model, tokens, tp, sequence_parallel)
+    if layer_rows is None:
+        layer = _layer_activations(model, selective_alternate=selective_alternate, **columns)
+    else:  # once per distinct combination of the columns, spread back to every row
+        few = _layer_activations(
+            model,
+            selective_alternate=selective_alternate,
+            **{name: layer_rows.take(column) for name, column in columns.items()},
+        )
+        layer = LayerActivations(*(layer_rows.back(values) for values in few))
+    per_layer, selective, layer_input = layer.per_layer, layer.selective, layer.layer_input
     if moe is not None:
         per_layer = per_layer + moe.activation_bytes
         selective = selective + moe.activation_bytes
@@ -171,7 +220,7 @@ def memory_per_gpu(
         ),
         1.0,
     )
-    logits = np.where(pp > 1, 0.0, 2.0 * 4.0 * tokens * model.vocab_size / tp_f)
+    logits = np.where(pp > 1, 0.0, layer.logits)
     activations = stage_layers_kept * in_flight + logits
     if moe is not None:
         activations = activations + moe.dispatch_buffer_bytes

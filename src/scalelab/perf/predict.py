@@ -37,11 +37,13 @@ from scalelab.perf.compute import (
     FP32_BYTES,
     LayerCompute,
     layer_compute,
+    layer_rows,
     optimizer_time,
 )
+from scalelab.perf.distinct import Distinct, distinct_rows
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
-from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatch
+from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatches
 
 GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
@@ -157,6 +159,13 @@ class StepContext:
     stack: StackSpec  # the framework's behaviour (config/stack.py; `generic` by default)
     # Gradients reduced on every micro-batch (the stack's choice for this sharding), else once.
     grad_reduces_per_step: np.ndarray
+    # Layouts grouped by the columns a cost reads, to price it once per group (None: each row):
+    # per-layer compute, TP and CP (micro-batch, seq, tp, cp, SP, fp8, attention); data-parallel
+    # collectives (sharding, tp, shard ranks, replicas); pipeline send/recv (pp, gpus and the
+    # per-layer columns).
+    layer_rows: Distinct | None = None
+    dp_rows: Distinct | None = None
+    p2p_rows: Distinct | None = None
 
     @property
     def ones(self) -> np.ndarray:
@@ -175,6 +184,17 @@ def build_context(
     m = table.n_microbatches
     v = table.virtual_stages
     sp = table.sequence_parallel & (t > 1)
+    layer_groups = layer_rows(
+        table.micro_batch, table.seq_len, t, cp, sp, table.is_fp8, table.attention
+    )
+    shard_ranks = np.where(table.shards_params, ds, dp) * cp
+    dp_replicate = np.maximum(1, dp // np.maximum(ds, 1))
+    # Send/recv's buffer reads the per-layer columns: their group number where they are grouped.
+    per_layer_key = (
+        (layer_groups.inverse,)
+        if layer_groups is not None
+        else (table.micro_batch, table.seq_len, t, cp, sp)
+    )
     compute = layer_compute(
         model,
         cluster,
@@ -186,6 +206,7 @@ def build_context(
         fp8=table.is_fp8,
         attention=table.attention,
         eager_norm=stack.norm_kernel == "eager",
+        rows=layer_groups,
     )
     return StepContext(
         model=model,
@@ -198,8 +219,8 @@ def build_context(
         cp=cp,
         dp=dp,
         dp_shard=ds,
-        dp_replicate=np.maximum(1, dp // np.maximum(ds, 1)),
-        shard_ranks=np.where(table.shards_params, ds, dp) * cp,
+        dp_replicate=dp_replicate,
+        shard_ranks=shard_ranks,
         dp_cp=dp * cp,
         micro_batch=table.micro_batch,
         seq_len=table.seq_len,
@@ -223,6 +244,9 @@ def build_context(
         grad_reduces_per_step=np.where(
             stack.grad_sync_every_microbatch(table), m.astype(float), 1.0
         ),
+        layer_rows=layer_groups,
+        dp_rows=distinct_rows(table.sharding, t, shard_ranks, dp_replicate),
+        p2p_rows=distinct_rows(pp, table.gpus, *per_layer_key),
     )
 
 
@@ -231,17 +255,21 @@ def tensor_parallel(ctx: StepContext) -> np.ndarray:
     """Seconds of TP collectives per layer per pass (forward, or backward), on the critical path:
     AllGather + ReduceScatter twice with sequence parallelism, else AllReduce twice."""
     cluster = ctx.cluster
-    t, sp = ctx.tp, ctx.sequence_parallel
+    t, sp, rows = ctx.tp, ctx.sequence_parallel, ctx.layer_rows
     tp_group = comm.group_shape(t, ctx.ones, cluster)
     act_bytes = (
         cluster.params.compute_bytes * ctx.micro_batch * ctx.seq_len / ctx.cp * ctx.model.d_model
     )
     uses_sp, uses_ar = (t > 1) & sp, (t > 1) & ~sp
     tp_sp = 2.0 * (
-        comm.collective_time_where(uses_sp, comm.ALL_GATHER, act_bytes, tp_group, cluster)
-        + comm.collective_time_where(uses_sp, comm.REDUCE_SCATTER, act_bytes, tp_group, cluster)
+        comm.collective_time_where(uses_sp, comm.ALL_GATHER, act_bytes, tp_group, cluster, rows)
+        + comm.collective_time_where(
+            uses_sp, comm.REDUCE_SCATTER, act_bytes, tp_group, cluster, rows
+        )
     )
-    tp_ar = 2.0 * comm.collective_time_where(uses_ar, comm.ALL_REDUCE, act_bytes, tp_group, cluster)
+    tp_ar = 2.0 * comm.collective_time_where(
+        uses_ar, comm.ALL_REDUCE, act_bytes, tp_group, cluster, rows
+    )
     call_s = ctx.call_s
     return np.where(t > 1, np.where(sp, tp_sp + 4.0 * call_s, tp_ar + 2.0 * call_s), 0.0)
 
@@ -269,7 +297,9 @@ def context_parallel(ctx: StepContext) -> ContextParallelCost:
     cp_group = comm.group_shape(cp, ctx.tp, ctx.cluster)
     kv_local = ctx.model.kv_dim * ctx.model.kv_replication(ctx.tp_f) / ctx.tp_f
     kv_bytes = 2.0 * ctx.cluster.params.compute_bytes * ctx.micro_batch * ctx.seq_len * kv_local
-    cp_ring = comm.collective_time_where(cp > 1, comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster)
+    cp_ring = comm.collective_time_where(
+        cp > 1, comm.ALL_GATHER, kv_bytes, cp_group, ctx.cluster, ctx.layer_rows
+    )
     return ContextParallelCost(
         forward_s=np.where(cp > 1, np.maximum(0.0, cp_ring - lc.attention_forward_s), 0.0),
         backward_s=np.where(
@@ -315,6 +345,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     model, cluster, table = ctx.model, ctx.cluster, ctx.table
     dp_cp, tp_f = ctx.dp_cp, ctx.tp_f
     full_shard = table.shards_params
+    rows = ctx.dp_rows  # what the collectives below read: sharding, tp, shard ranks, replicas
     # The shard group spans dp_shard x cp (cp inside dp_shard in the mesh: stride tp).
     shard_group = comm.group_shape(ctx.shard_ranks, ctx.tp, cluster)
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
@@ -323,10 +354,10 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
     ag = comm.collective_time_where(
-        full_shard, comm.ALL_GATHER, layer_param_bytes, shard_group, cluster
+        full_shard, comm.ALL_GATHER, layer_param_bytes, shard_group, cluster, rows
     )
     rs_shard = comm.collective_time_where(
-        ~table.is_ddp, comm.REDUCE_SCATTER, layer_grad_bytes, shard_group, cluster
+        ~table.is_ddp, comm.REDUCE_SCATTER, layer_grad_bytes, shard_group, cluster, rows
     )
     ar_replica = comm.collective_time_where(
         table.is_hsdp,
@@ -334,9 +365,10 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
         layer_grad_bytes / np.maximum(ctx.shard_ranks, 1),
         replica_group,
         cluster,
+        rows,
     )
     ar_full = comm.collective_time_where(
-        table.is_ddp, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster
+        table.is_ddp, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster, rows
     )
     zero_reduce = rs_shard
     if ctx.stack.zero1_grad_reduce == "all_reduce":  # the stack's ZeRO-1 all-reduces everything
@@ -344,7 +376,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
         zero_reduce = np.where(
             zero1,
             comm.collective_time_where(
-                zero1, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster
+                zero1, comm.ALL_REDUCE, layer_grad_bytes, shard_group, cluster, rows
             ),
             rs_shard,
         )
@@ -417,8 +449,7 @@ def flat_step(
         gather_in_backward=take(ctx.table.reshard_after_forward),
         interference=ctx.cluster.overlap_interference,
     )
-    last = simulate_microbatch(sync_grads=True, **common)
-    other = simulate_microbatch(sync_grads=False, **common)
+    last, other = simulate_microbatches(**common)  # with and without the gradient reduction
     m_f = take(ctx.m_f)
     # A stack that reduces gradients on every micro-batch runs `last` m times.
     sync_each = take(ctx.grad_reduces_per_step) > 1.0
@@ -471,7 +502,9 @@ def pipeline_parallel(
         * ctx.model.d_model
         / np.where(ctx.sequence_parallel, ctx.tp_f, 1.0)
     )
-    p2p = comm.collective_time_where(pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster)
+    p2p = comm.collective_time_where(
+        pp > 1, comm.SEND_RECV, p2p_bytes, p2p_group, ctx.cluster, ctx.p2p_rows
+    )
     if ctx.stack.pp_p2p_overlap:
         # Steady-state transfers hide behind the next micro-batch's chunk (Megatron's
         # overlap_p2p_comm); warm-up and cool-down transfers stay exposed.
@@ -652,6 +685,7 @@ def predict(
         math_attention=table.materialises_scores,
         moe=ctx.moe,
         selective_alternate=ctx.stack.selective_recompute == "alternate-matmuls",
+        layer_rows=ctx.layer_rows,
     )
     power = average_power_w(
         cluster,

@@ -20,6 +20,7 @@ K/V ring overlaps the attention it feeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,50 +84,81 @@ def _layers(
     return history[-1]
 
 
-def simulate_microbatch(
-    *,
-    n_layers: int,
-    forward_s: np.ndarray,
-    backward_s: np.ndarray,
-    head_forward_s: np.ndarray,
-    head_backward_s: np.ndarray,
-    all_gather_s: np.ndarray,
-    grad_reduce_s: np.ndarray,
-    root_all_gather_s: np.ndarray,
-    root_grad_reduce_s: np.ndarray,
-    gather_in_backward: np.ndarray,
-    sync_grads: bool,
-    interference: float,
-) -> PassResult:
-    """Forward and backward of one micro-batch with data-parallel comm overlapped by prefetch."""
-    has_ag = all_gather_s > 0
-    zeros = np.zeros_like(forward_s)
+_State = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
+
+@dataclass(frozen=True)
+class MicrobatchInputs:
+    """Per-layout seconds a micro-batch's simulation reads (see `simulate_microbatch`)."""
+
+    n_layers: int
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    head_forward_s: np.ndarray
+    head_backward_s: np.ndarray
+    all_gather_s: np.ndarray
+    grad_reduce_s: np.ndarray
+    root_all_gather_s: np.ndarray
+    root_grad_reduce_s: np.ndarray
+    gather_in_backward: np.ndarray
+    interference: float
+
+
+def _forward(x: MicrobatchInputs) -> tuple[_State, np.ndarray, np.ndarray]:
+    """The forward pass and the head: the state backward starts from, when the first backward
+    layer's parameters are gathered, and which layouts gather them again in backward."""
+    has_ag = x.all_gather_s > 0
+    zeros = np.zeros_like(x.forward_s)
     # Forward: the root's parameters (embedding, final norm, head) first, then the layers.
-    comm = np.where(has_ag, root_all_gather_s + all_gather_s, root_all_gather_s)
+    comm = np.where(has_ag, x.root_all_gather_s + x.all_gather_s, x.root_all_gather_s)
+    root = x.root_all_gather_s
     t, comm, wait, busy, hit = _layers(
-        (root_all_gather_s.copy(), comm, root_all_gather_s.copy(), zeros.copy(), zeros.copy()),
-        n_layers=n_layers, compute_s=forward_s, gather_s=all_gather_s, gathers=has_ag,
-        gather_done=np.where(has_ag, comm, zeros), interference=interference, reduce_s=None,
+        (root.copy(), comm, root.copy(), zeros.copy(), zeros.copy()),
+        n_layers=x.n_layers, compute_s=x.forward_s, gather_s=x.all_gather_s, gathers=has_ag,
+        gather_done=np.where(has_ag, comm, zeros), interference=x.interference, reduce_s=None,
     )  # fmt: skip
-    t = t + head_forward_s + head_backward_s
-    busy = busy + head_forward_s + head_backward_s
+    t = t + x.head_forward_s + x.head_backward_s
+    busy = busy + x.head_forward_s + x.head_backward_s
+    # Backward gathers again if resharded.
+    bwd_ag = has_ag & x.gather_in_backward
+    first_done = np.where(bwd_ag, np.maximum(comm, t - x.head_backward_s) + x.all_gather_s, zeros)
+    return (t, np.where(bwd_ag, first_done, comm), wait, busy, hit), first_done, bwd_ag
 
-    # Backward: layers in reverse; gather again if resharded, then reduce the gradients.
-    bwd_ag = has_ag & gather_in_backward
-    first_done = np.where(bwd_ag, np.maximum(comm, t - head_backward_s) + all_gather_s, zeros)
+
+def _backward(
+    x: MicrobatchInputs, state: _State, first_done: np.ndarray, bwd_ag: np.ndarray, sync: bool
+) -> PassResult:
+    """Backward: layers in reverse, then (`sync`) the gradient reductions."""
     t, comm, wait, busy, hit = _layers(
-        (t, np.where(bwd_ag, first_done, comm), wait, busy, hit),
-        n_layers=n_layers, compute_s=backward_s, gather_s=all_gather_s, gathers=bwd_ag,
-        gather_done=first_done, interference=interference,
-        reduce_s=grad_reduce_s if sync_grads else None,
+        state,
+        n_layers=x.n_layers, compute_s=x.backward_s, gather_s=x.all_gather_s, gathers=bwd_ag,
+        gather_done=first_done, interference=x.interference,
+        reduce_s=x.grad_reduce_s if sync else None,
     )  # fmt: skip
-    if sync_grads:
-        comm = np.maximum(comm, t) + root_grad_reduce_s
+    if sync:
+        comm = np.maximum(comm, t) + x.root_grad_reduce_s
         end = np.maximum(t, comm)
         wait = wait + (end - t)
         t = end
     return PassResult(time_s=t, compute_busy_s=busy, exposed_comm_s=wait, interfered_s=hit)
+
+
+def simulate_microbatch(*, sync_grads: bool, **inputs: Any) -> PassResult:
+    """Forward and backward of one micro-batch with data-parallel comm overlapped by prefetch
+    (`MicrobatchInputs`' fields as keywords); `sync_grads`: reduce the gradients."""
+    x = MicrobatchInputs(**inputs)
+    return _backward(x, *_forward(x), sync=sync_grads)
+
+
+def simulate_microbatches(**inputs: Any) -> tuple[PassResult, PassResult]:
+    """`simulate_microbatch` with and without the gradient reduction (the last micro-batch and
+    the others), simulating the forward they share once."""
+    x = MicrobatchInputs(**inputs)
+    state, first_done, bwd_ag = _forward(x)
+    return (
+        _backward(x, state, first_done, bwd_ag, sync=True),
+        _backward(x, state, first_done, bwd_ag, sync=False),
+    )
 
 
 def pipeline_bubble_units(
