@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -318,12 +319,55 @@ def test_profile_writes_one_trace_per_rank(
         assert record.notes["exposed_comm"] == "trace analyser not installed"
 
 
+# Whole `scalelab bench` runs whose outcome several tests read: name -> (arguments, environment).
+# The injected faults (SCALELAB_FAULT=RANK:STEP[:KIND]) and the compiled blocks (a cold inductor
+# compile: ~30 s of one core).
+FAULT_ARGS = [*TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
+POOLED: dict[str, tuple[list[str], dict[str, str]]] = {
+    "compiled": (
+        ["--compile", *TINY, "--steps", "2", "--warmup", "1", "--repeats", "1"],
+        {"TORCHINDUCTOR_CACHE_DIR": "inductor"},  # under the run's own folder
+    ),
+    "hang": (
+        ["--nproc-per-node", "2", "--timeout-s", "10", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1:hang"},
+    ),
+    "raise": (
+        ["--nproc-per-node", "2", "--timeout-s", "60", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1"},
+    ),
+    "kill": (
+        ["--nproc-per-node", "2", "--timeout-s", "60", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1:kill"},
+    ),
+    "oom": (FAULT_ARGS, {"SCALELAB_FAULT": "0:1:oom"}),
+}
+Pooled = dict[str, tuple[subprocess.CompletedProcess[str], Path, float]]
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory: pytest.TempPathFactory) -> Pooled:
+    """Each POOLED run (its result, its --out folder, its seconds), three at a time: the compile
+    is one core's work, the hung run mostly waits out its 10 s timeout and a launch's start-up is
+    mostly one core's work, so on 2 cores they take about half their time one after another."""
+
+    def one(name: str) -> tuple[subprocess.CompletedProcess[str], Path, float]:
+        args, env = POOLED[name]
+        folder = tmp_path_factory.mktemp(name)
+        env = {k: str(folder / v) if k == "TORCHINDUCTOR_CACHE_DIR" else v for k, v in env.items()}
+        start = time.monotonic()
+        done = _run(_bench(*args, "--out", str(folder / "out")), timeout=480, **env)
+        return done, folder / "out", time.monotonic() - start
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(POOLED, pool.map(one, POOLED), strict=True))
+
+
 @pytest.mark.distributed
-def test_failed_rank_writes_failed_record_naming_it(tmp_path: Path) -> None:
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    done = _run(_bench(*args, "--timeout-s", "60", "--out", str(tmp_path)), SCALELAB_FAULT="1:1")
+def test_failed_rank_writes_failed_record_naming_it(pooled: Pooled) -> None:
+    done, out, _ = pooled["raise"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "failed"
     assert record.error is not None and record.error.startswith(
         "rank 1: RuntimeError: injected failure"
@@ -331,37 +375,29 @@ def test_failed_rank_writes_failed_record_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
+def test_rank_killed_by_a_signal_is_named(pooled: Pooled) -> None:
     """Rank 1 is SIGKILLed (as by the OOM killer): rank 0 loses it, the record names rank 1."""
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    done = _run(
-        _bench(*args, "--timeout-s", "60", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:kill"
-    )
+    done, out, _ = pooled["kill"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "failed"
     assert (record.error or "").startswith("rank 1 died by signal SIGKILL"), record.error
 
 
 @pytest.mark.distributed
-def test_a_hung_rank_ends_in_a_failed_record_after_the_timeout(tmp_path: Path) -> None:
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    start = time.monotonic()
-    done = _run(
-        _bench(*args, "--timeout-s", "10", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:hang"
-    )
-    assert done.returncode == 1 and time.monotonic() - start < 90
-    record = load_record(_only_record(tmp_path))
+def test_a_hung_rank_ends_in_a_failed_record_after_the_timeout(pooled: Pooled) -> None:
+    done, out, seconds = pooled["hang"]
+    assert done.returncode == 1 and seconds < 90
+    record = load_record(_only_record(out))
     assert record.status == "failed" and "timed out" in (record.error or "").lower()
     assert "lost its peers" in record.notes["error"]
 
 
 @pytest.mark.distributed
-def test_out_of_memory_is_recorded_as_oom(tmp_path: Path) -> None:
-    args = ["--steps", "2", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
-    done = _run(_bench(*args), SCALELAB_FAULT="0:1:oom")
+def test_out_of_memory_is_recorded_as_oom(pooled: Pooled) -> None:
+    done, out, _ = pooled["oom"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "oom" and "rank 0: OutOfMemoryError" in (record.error or "")
 
 
@@ -388,12 +424,10 @@ def test_killed_run_leaves_no_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_compiled_blocks_train_like_eager(tmp_path: Path, reference: dict[str, Any]) -> None:
-    args = ["--compile", *TINY, "--steps", "2", "--warmup", "1", "--repeats", "1"]
-    cache = str(tmp_path / "inductor")
-    done = _run(_bench(*args, "--out", str(tmp_path / "out")), TORCHINDUCTOR_CACHE_DIR=cache)
+def test_compiled_blocks_train_like_eager(pooled: Pooled, reference: dict[str, Any]) -> None:
+    done, out, _ = pooled["compiled"]
     assert done.returncode == 0, done.stderr[-3000:]
-    record = load_record(_only_record(tmp_path / "out"))
+    record = load_record(_only_record(out))
     assert record.workload["compile"] is True
     losses = (
         record.measurements["repeats"][0]["warmup_loss"] + record.measurements["repeats"][0]["loss"]
