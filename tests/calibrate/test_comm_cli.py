@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from tests.conftest import run_cli_all
+
 pytest.importorskip("torch")
 
 
@@ -44,14 +46,21 @@ def test_comm_sweep_on_gloo_then_calibrate(cli, tmp_path) -> None:
     assert out.exists()
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["--collectives", "broadcast"], "collectives:"),
-        (["--sizes", "lots"], "sizes:"),
-        (["--iters", "0"], "iters:"),
-    ],
-)
-def test_comm_bad_flags(cli, args, needle) -> None:
-    r = cli("comm", *args)
+BAD_FLAGS = [
+    (["--collectives", "broadcast"], "collectives:"),
+    (["--sizes", "lots"], "sizes:"),
+    (["--iters", "0"], "iters:"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs():
+    """Every BAD_FLAGS command in its own process, two at a time (each imports torch: ~3 s)."""
+    argvs = [("comm", *args) for args, _ in BAD_FLAGS]
+    return dict(zip(argvs, run_cli_all(argvs), strict=True))
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_FLAGS)
+def test_comm_bad_flags(bad_flag_runs, args, needle) -> None:
+    r = bad_flag_runs[("comm", *args)]
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -2,6 +2,8 @@ import json
 
 import pytest
 
+from tests.conftest import CliResult, run_cli_all
+
 
 def test_predict_json_has_every_field(cli) -> None:
     r = cli("predict", "llama2-7b", "--cluster", "h100-ib", "--gpus", "128", "--json")
@@ -39,21 +41,30 @@ def test_predict_table_for_people(cli) -> None:
     assert "tokens/s/GPU" in r.stdout and "memory per GPU" in r.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["predict", "llama-9000"], "model: unknown model"),
-        (["predict", "llama2-7b", "--cluster", "nowhere"], "cluster: unknown cluster"),
-        (["predict", "llama2-7b", "--gpus", "128", "--tp", "3"], "gpus: tp (3)"),
-        (["predict", "llama2-7b", "--sharding", "zero9"], "sharding: 'zero9'"),
-        (["predict", "llama2-7b", "--gpus", "-4"], "gpus: must be a positive integer"),
-        (["predict", "llama2-7b", "--gpus", "lots"], "Invalid value for '--gpus'"),
-        (["predict", "llama2-7b", "--cluster", "missing.yaml"], "cluster: no such file"),
-        (["models", "--bogus"], "No such option"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(cli, args: list[str], needle: str) -> None:
-    r = cli(*args)
+BAD_INPUT = [
+    (["predict", "llama-9000"], "model: unknown model"),
+    (["predict", "llama2-7b", "--cluster", "nowhere"], "cluster: unknown cluster"),
+    (["predict", "llama2-7b", "--gpus", "128", "--tp", "3"], "gpus: tp (3)"),
+    (["predict", "llama2-7b", "--sharding", "zero9"], "sharding: 'zero9'"),
+    (["predict", "llama2-7b", "--gpus", "-4"], "gpus: must be a positive integer"),
+    (["predict", "llama2-7b", "--gpus", "lots"], "Invalid value for '--gpus'"),
+    (["predict", "llama2-7b", "--cluster", "missing.yaml"], "cluster: no such file"),
+    (["models", "--bogus"], "No such option"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs() -> dict[tuple[str, ...], CliResult]:
+    """Every BAD_INPUT command, each in its own process as a user would run it, two at a time."""
+    argvs = [tuple(args) for args, _ in BAD_INPUT]
+    return dict(zip(argvs, run_cli_all(argvs), strict=True))
+
+
+@pytest.mark.parametrize(("args", "needle"), BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(
+    bad_input_runs: dict[tuple[str, ...], CliResult], args: list[str], needle: str
+) -> None:
+    r = bad_input_runs[tuple(args)]
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, r.stderr
@@ -61,10 +72,11 @@ def test_bad_input_is_one_line_and_exit_2(cli, args: list[str], needle: str) -> 
     assert "Traceback" not in r.stderr
 
 
-def test_catalog_listings(cli) -> None:
-    models = json.loads(cli("models", "--json").stdout)
+def test_catalog_listings() -> None:
+    models_run, hw_run = run_cli_all([("models", "--json"), ("hardware", "--json")])
+    models = json.loads(models_run.stdout)
     assert {m["name"] for m in models} >= {"llama2-7b", "llama3-405b"}
-    hw = json.loads(cli("hardware", "--json").stdout)
+    hw = json.loads(hw_run.stdout)
     assert {c["name"] for c in hw["clusters"]} >= {
         "v100-ib",
         "a100-ib",
@@ -85,14 +97,17 @@ def test_catalog_listings(cli) -> None:
     }
 
 
-def test_custom_cluster_yaml(cli, tmp_path) -> None:
+def test_custom_cluster_yaml(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text(
         "gpu: H100-SXM5\ngpus_per_node: 8\nnics_per_node: 4\nnic_gbps: 200\nparams:\n  gemm_efficiency: 0.5\n"
     )
-    slow = json.loads(
-        cli("predict", "llama2-7b", "--gpus", "256", "--cluster", str(path), "--json").stdout
+    slow_run, base_run = run_cli_all(
+        [
+            ("predict", "llama2-7b", "--gpus", "256", "--cluster", str(path), "--json"),
+            ("predict", "llama2-7b", "--gpus", "256", "--json"),
+        ]
     )
-    base = json.loads(cli("predict", "llama2-7b", "--gpus", "256", "--json").stdout)
+    slow, base = json.loads(slow_run.stdout), json.loads(base_run.stdout)
     assert slow["cluster"] == "mine"
     assert slow["tokens_per_s"] < base["tokens_per_s"]

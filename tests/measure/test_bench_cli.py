@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -238,16 +239,9 @@ def test_token_files_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """The issue's example: two processes, FSDP, with repeats and a profiler window."""
-    out = tmp_path_factory.mktemp("fsdp")
-    args = ["--nproc-per-node", "2", "--sharding", "fsdp", *TINY]
-    args += ["--steps", "2", "--warmup", "1", "--repeats", "2", "--profile", "--profile-steps", "1"]
-    done = _run(_bench(*args, "--out", str(out), "--json"))
-    if done.returncode != 0 and "terminate called" in done.stderr:  # rare gloo teardown abort
-        done = _run(_bench(*args, "--out", str(out), "--json"))
+def fsdp_run(pooled: Pooled) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The issue's example: two processes, FSDP, with repeats and a profiler window (POOLED)."""
+    done, out, _ = pooled["fsdp"]
     return done, out
 
 
@@ -318,12 +312,71 @@ def test_profile_writes_one_trace_per_rank(
         assert record.notes["exposed_comm"] == "trace analyser not installed"
 
 
+# Whole `scalelab bench` runs whose outcome the tests below read: name -> (arguments after
+# `bench`, environment). Two-rank runs, the injected faults (SCALELAB_FAULT=RANK:STEP[:KIND]) and
+# the compiled blocks (a cold inductor compile: ~30 s of one core).
+FAULT_ARGS = [*TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
+TWO_RANKS = ["--nproc-per-node", "2"]
+POOLED: dict[str, tuple[list[str], dict[str, str]]] = {
+    "compiled": (
+        ["llama-tiny", "--compile", *TINY, "--steps", "2", "--warmup", "1", "--repeats", "1"],
+        {"TORCHINDUCTOR_CACHE_DIR": "inductor"},  # under the run's own folder
+    ),
+    "hang": (
+        ["llama-tiny", *TWO_RANKS, "--timeout-s", "10", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1:hang"},
+    ),
+    # The issue's example (fsdp_run: repeats and a profiler window) and a MoE model with ep 2.
+    "fsdp": (
+        [
+            *("llama-tiny", *TWO_RANKS, "--sharding", "fsdp", *TINY, "--steps", "2"),
+            *("--warmup", "1", "--repeats", "2", "--profile", "--profile-steps", "1", "--json"),
+        ],
+        {},
+    ),
+    "moe": (
+        [MOE, *TWO_RANKS, "--ep", "2", *TINY, "--steps", "2", "--warmup", "1", "--repeats", "1"],
+        {},
+    ),
+    "raise": (
+        ["llama-tiny", *TWO_RANKS, "--timeout-s", "60", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1"},
+    ),
+    "kill": (
+        ["llama-tiny", *TWO_RANKS, "--timeout-s", "60", *FAULT_ARGS],
+        {"SCALELAB_FAULT": "1:1:kill"},
+    ),
+    "oom": (["llama-tiny", *FAULT_ARGS], {"SCALELAB_FAULT": "0:1:oom"}),
+}
+Pooled = dict[str, tuple[subprocess.CompletedProcess[str], Path, float]]
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory: pytest.TempPathFactory) -> Pooled:
+    """Each POOLED run (its result, its --out folder, its seconds), three at a time: the compile
+    is one core's work, the hung run mostly waits out its 10 s timeout and a launch's start-up is
+    mostly one core's work, so on 2 cores they take less than one after another."""
+
+    def one(name: str) -> tuple[subprocess.CompletedProcess[str], Path, float]:
+        args, env = POOLED[name]
+        folder = tmp_path_factory.mktemp(name)
+        env = {k: str(folder / v) if k == "TORCHINDUCTOR_CACHE_DIR" else v for k, v in env.items()}
+        cmd = [sys.executable, "-m", "scalelab", "bench", *args, "--out", str(folder / "out")]
+        start = time.monotonic()
+        done = _run(cmd, timeout=480, **env)
+        if name in ("fsdp", "moe") and done.returncode != 0 and "terminate called" in done.stderr:
+            done = _run(cmd, timeout=480, **env)  # rare gloo teardown abort: retried once
+        return done, folder / "out", time.monotonic() - start
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(POOLED, pool.map(one, POOLED), strict=True))
+
+
 @pytest.mark.distributed
-def test_failed_rank_writes_failed_record_naming_it(tmp_path: Path) -> None:
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    done = _run(_bench(*args, "--timeout-s", "60", "--out", str(tmp_path)), SCALELAB_FAULT="1:1")
+def test_failed_rank_writes_failed_record_naming_it(pooled: Pooled) -> None:
+    done, out, _ = pooled["raise"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "failed"
     assert record.error is not None and record.error.startswith(
         "rank 1: RuntimeError: injected failure"
@@ -331,37 +384,29 @@ def test_failed_rank_writes_failed_record_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_rank_killed_by_a_signal_is_named(tmp_path: Path) -> None:
+def test_rank_killed_by_a_signal_is_named(pooled: Pooled) -> None:
     """Rank 1 is SIGKILLed (as by the OOM killer): rank 0 loses it, the record names rank 1."""
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    done = _run(
-        _bench(*args, "--timeout-s", "60", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:kill"
-    )
+    done, out, _ = pooled["kill"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "failed"
     assert (record.error or "").startswith("rank 1 died by signal SIGKILL"), record.error
 
 
 @pytest.mark.distributed
-def test_a_hung_rank_ends_in_a_failed_record_after_the_timeout(tmp_path: Path) -> None:
-    args = ["--nproc-per-node", "2", *TINY, "--steps", "3", "--warmup", "0", "--repeats", "1"]
-    start = time.monotonic()
-    done = _run(
-        _bench(*args, "--timeout-s", "10", "--out", str(tmp_path)), SCALELAB_FAULT="1:1:hang"
-    )
-    assert done.returncode == 1 and time.monotonic() - start < 90
-    record = load_record(_only_record(tmp_path))
+def test_a_hung_rank_ends_in_a_failed_record_after_the_timeout(pooled: Pooled) -> None:
+    done, out, seconds = pooled["hang"]
+    assert done.returncode == 1 and seconds < 90
+    record = load_record(_only_record(out))
     assert record.status == "failed" and "timed out" in (record.error or "").lower()
     assert "lost its peers" in record.notes["error"]
 
 
 @pytest.mark.distributed
-def test_out_of_memory_is_recorded_as_oom(tmp_path: Path) -> None:
-    args = ["--steps", "2", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
-    done = _run(_bench(*args), SCALELAB_FAULT="0:1:oom")
+def test_out_of_memory_is_recorded_as_oom(pooled: Pooled) -> None:
+    done, out, _ = pooled["oom"]
     assert done.returncode == 1
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     assert record.status == "oom" and "rank 0: OutOfMemoryError" in (record.error or "")
 
 
@@ -388,12 +433,10 @@ def test_killed_run_leaves_no_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_compiled_blocks_train_like_eager(tmp_path: Path, reference: dict[str, Any]) -> None:
-    args = ["--compile", *TINY, "--steps", "2", "--warmup", "1", "--repeats", "1"]
-    cache = str(tmp_path / "inductor")
-    done = _run(_bench(*args, "--out", str(tmp_path / "out")), TORCHINDUCTOR_CACHE_DIR=cache)
+def test_compiled_blocks_train_like_eager(pooled: Pooled, reference: dict[str, Any]) -> None:
+    done, out, _ = pooled["compiled"]
     assert done.returncode == 0, done.stderr[-3000:]
-    record = load_record(_only_record(tmp_path / "out"))
+    record = load_record(_only_record(out))
     assert record.workload["compile"] is True
     losses = (
         record.measurements["repeats"][0]["warmup_loss"] + record.measurements["repeats"][0]["loss"]
@@ -402,19 +445,15 @@ def test_compiled_blocks_train_like_eager(tmp_path: Path, reference: dict[str, A
 
 
 @pytest.mark.distributed
-def test_moe_expert_parallel_record(tmp_path: Path, moe_reference: dict[str, Any]) -> None:
+def test_moe_expert_parallel_record(pooled: Pooled, moe_reference: dict[str, Any]) -> None:
     """`scalelab bench` on a MoE model with ep 2 over 2 CPU ranks: an ok record with tokens/s,
     the active-parameter FLOPs behind MFU, the measured load imbalance, and the single-process
     run's losses."""
     from scalelab.config.catalog import load_model
 
-    cmd = [sys.executable, "-m", "scalelab", "bench", MOE, "--nproc-per-node", "2", "--ep", "2"]
-    cmd += [*TINY, "--steps", "2", "--warmup", "1", "--repeats", "1", "--out", str(tmp_path)]
-    done = _run(cmd)
-    if done.returncode != 0 and "terminate called" in done.stderr:  # rare gloo teardown abort
-        done = _run(cmd)
+    done, out, _ = pooled["moe"]
     assert done.returncode == 0, done.stderr[-3000:]
-    record = load_record(_only_record(tmp_path))
+    record = load_record(_only_record(out))
     spec = load_model(MOE)
     assert record.status == "ok" and record.layout is not None and record.layout["ep"] == 2
     assert record.workload["mesh"]["ep"] == 2 and record.workload["mesh"]["dp_shard_mod_ep"] == 1

@@ -2,7 +2,8 @@
 
 2 models × world sizes 1 and 2 (4 points, 2 repeats inside each bench run). The sweep is killed
 (SIGKILL to its process group) as soon as its first record appears, then run again: the finished
-points are skipped, the rest run, and no half-written file is ever left.
+points are skipped, the rest run (two at a time: --max-parallel 2), and no half-written file is ever
+left.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,42 @@ from tests.sweep.conftest import TINY_SWEEP, child_env, dump_dom, scalelab, writ
 pytestmark = pytest.mark.distributed
 
 
+def _fail_keep_retry(folder: Path) -> dict[str, Any]:
+    """A one-point sweep whose point fails on purpose (the harness's fault hook: rank 0 raises at
+    step 1), run again (the failure is kept), then with --retry-failed."""
+    sweep = write_sweep(
+        folder,
+        "models: [llama-tiny]\nbench: {steps: 2, warmup: 1, repeats: 1, seed: 7}\n",
+        "fail.yaml",
+    )
+    out = folder / "out"
+    runs: dict[str, Any] = {"out": out}
+    runs["failed"] = scalelab(
+        "sweep", str(sweep), "--out", str(out), "--json", SCALELAB_FAULT="0:1"
+    )
+    if runs["failed"].stdout.strip():
+        point = json.loads(runs["failed"].stdout)["points"][0]
+        runs["failed_record"] = load_record(point["record"]) if point.get("record") else None
+    runs["kept"] = scalelab("sweep", str(sweep), "--out", str(out), "--json")
+    if runs.get("failed_record") is not None:
+        runs["kept_record"] = load_record(point["record"])
+    runs["retried"] = scalelab("sweep", str(sweep), "--out", str(out), "--json", "--retry-failed")
+    return runs
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Run the tiny sweep, kill it after its first record, and resume it."""
-    folder = tmp_path_factory.mktemp("sweep")
+    """Run the tiny sweep, kill it after its first record, and resume it. Meanwhile, in a second
+    thread, `_fail_keep_retry` (one-process points: mostly one core's work, so on 2 cores the two
+    take little more than the first alone)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        failing = pool.submit(_fail_keep_retry, tmp_path_factory.mktemp("fail"))
+        result = _kill_and_resume(tmp_path_factory.mktemp("sweep"))
+        result["fail_keep_retry"] = failing.result()
+    return result
+
+
+def _kill_and_resume(folder: Path) -> dict[str, Any]:
     sweep = write_sweep(folder, TINY_SWEEP)
     out = folder / "out"
     cmd = [sys.executable, "-m", "scalelab", "sweep", str(sweep), "--out", str(out)]
@@ -50,7 +84,11 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     proc.wait()
     killed_with = {p.name: load_record(p).status for p in out.glob("*.json")}
     time.sleep(1.0)  # the killed point's processes end (they die with the sweep)
-    resumed = scalelab("sweep", str(sweep), "--out", str(out), "--json", timeout=300)
+    # Resumed two points at a time (--max-parallel 2): the processes' start-up is mostly one core's
+    # work, so on 2 cores the three points left take about two points' time.
+    resumed = scalelab(
+        "sweep", str(sweep), "--out", str(out), "--max-parallel", "2", "--json", timeout=300
+    )
     return {
         "out": out,
         "sweep": sweep,
@@ -92,27 +130,21 @@ def test_resume_after_kill_skips_done_points_and_completes(swept: dict[str, Any]
     assert {p["action"] for p in json.loads(again.stdout)["points"]} == {"skipped"}
 
 
-def test_failed_point_is_recorded_kept_and_retried(tmp_path: Path) -> None:
-    sweep = write_sweep(
-        tmp_path,
-        "models: [llama-tiny]\nbench: {steps: 2, warmup: 1, repeats: 1, seed: 7}\n",
-        "fail.yaml",
-    )
-    out = tmp_path / "out"
-    # The point fails on purpose (the harness's fault hook: rank 0 raises at step 1).
-    failed = scalelab("sweep", str(sweep), "--out", str(out), "--json", SCALELAB_FAULT="0:1")
+def test_failed_point_is_recorded_kept_and_retried(swept: dict[str, Any]) -> None:
+    runs = swept["fail_keep_retry"]
+    failed, out = runs["failed"], runs["out"]
     assert failed.returncode == 1, failed.stderr[-3000:]
     point = json.loads(failed.stdout)["points"][0]
     assert point["state"] == "failed" and "injected failure" in point["detail"]
-    record = load_record(point["record"])
+    record = runs["failed_record"]
     assert record.status == "failed" and "rank 0" in (record.error or "")
 
-    kept = scalelab("sweep", str(sweep), "--out", str(out), "--json")
+    kept = runs["kept"]
     assert kept.returncode == 1
     assert json.loads(kept.stdout)["points"][0]["action"] == "skipped"
-    assert load_record(point["record"]).created_utc == record.created_utc
+    assert runs["kept_record"].created_utc == record.created_utc
 
-    retried = scalelab("sweep", str(sweep), "--out", str(out), "--json", "--retry-failed")
+    retried = runs["retried"]
     assert retried.returncode == 0, retried.stderr[-3000:]
     again = json.loads(retried.stdout)["points"][0]
     assert again["state"] == "ok" and again["action"] == "retried"
@@ -125,15 +157,20 @@ def test_failed_point_is_recorded_kept_and_retried(tmp_path: Path) -> None:
 
 def test_report_of_the_sweep(swept: dict[str, Any], tmp_path: Path) -> None:
     # CPU records name no cluster: --predict alone does not predict them for some GPU cluster.
-    alone = scalelab("report", str(swept["out"]), "--out", str(tmp_path / "r0"), "--predict", "--json")  # fmt: skip
+    # Both reports in their own processes, at once (two cores).
+    report = tmp_path / "report"
+    records = str(swept["out"])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        alone_run = pool.submit(
+            scalelab, "report", records, "--out", str(tmp_path / "r0"), "--predict", "--json"
+        )
+        done = scalelab(
+            "report", records, "--out", str(report), "--predict", "--cluster", "h100-ib", "--json"
+        )
+        alone = alone_run.result()
     assert alone.returncode == 0, alone.stderr[-3000:]
     notes = json.loads(alone.stdout)["notes"]
     assert len(notes) == 4 and all("names no cluster" in n for n in notes), notes
-    report = tmp_path / "report"
-    done = scalelab(
-        "report", str(swept["out"]), "--out", str(report), "--predict", "--cluster", "h100-ib",
-        "--json",
-    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
     assert doc["records"] == 4 and doc["ok"] == 4 and doc["configurations"] == 4
