@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Final
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any, Final
 
 # Kinds of device (GPU) activity. Integers so that they fit a numpy array.
 COMPUTE: Final = 0
@@ -55,6 +58,7 @@ COLLECTIVES: Final = (
     "Other",
 )
 OTHER: Final = "Other"
+COLLECTIVE_INDEX: Final = {name: i for i, name in enumerate(COLLECTIVES)}
 
 # Order matters: longer names first ("reducescatter" before "reduce", "allgather" before "gather").
 _COLLECTIVE_KEYS: Final = (
@@ -214,3 +218,72 @@ def kernel_class(name: str, kind: int) -> str:
         if any(m in lower for m in markers):
             return cls
     return "other"
+
+
+HostSpans = dict[Any, list[tuple[float, float, int]]]
+
+
+def host_collective_spans(
+    host_colls: Sequence[tuple[Any, Any, Any, str]], number: Callable[[Any], float]
+) -> HostSpans:
+    """Per host thread, the sorted (start, end, COLLECTIVE_INDEX) of the annotations that name a
+    collective; `number` turns a trace's ts or dur into a float (or refuses it)."""
+    by_tid: HostSpans = {}
+    for tid, ts, dur, name in host_colls:
+        found = collective_from_label(name)
+        if found is not None:
+            start = number(ts)
+            by_tid.setdefault(tid, []).append(
+                (start, start + (number(dur) or 0.0), COLLECTIVE_INDEX[found])
+            )
+    for spans in by_tid.values():
+        spans.sort()
+    return by_tid
+
+
+def collective_codes(
+    names: Sequence[str],
+    labels: Sequence[str | None],
+    launch_ts: Sequence[float],
+    launch_tids: Sequence[Any],
+    host_spans: HostSpans,
+) -> list[int]:
+    """The collective (index into COLLECTIVES) of each communication kernel, from the best
+    evidence the trace has.
+
+    1. the kernel's own `Collective name` arg (recent PyTorch);
+    2. the host annotation (`nccl:all_to_all`, ...) that encloses its launch call (`launch_ts`, NaN
+       when none) on the same thread: the only way to tell an all-to-all, which NCCL runs as
+       SendRecv kernels;
+    3. the collective in the kernel name (`ncclKernel_AllReduce_...`);
+    4. Other.
+    """
+    result = [COLLECTIVE_INDEX[OTHER]] * len(names)
+    unresolved: list[int] = []
+    for i, label in enumerate(labels):
+        found = collective_from_label(label) if label is not None else None
+        if found is None:
+            unresolved.append(i)
+        else:
+            result[i] = COLLECTIVE_INDEX[found]
+    if unresolved and host_spans:
+        still: list[int] = []
+        for i in unresolved:
+            spans = host_spans.get(launch_tids[i])
+            t = launch_ts[i]
+            if spans is not None and t == t:  # NaN: no launch call, inside no span
+                k = bisect_right(spans, t, key=itemgetter(0)) - 1
+                if k >= 0 and t <= spans[k][1]:
+                    result[i] = spans[k][2]
+                    continue
+            still.append(i)
+        unresolved = still
+    by_name: dict[str, int] = {}
+    for i in unresolved:
+        name = names[i]
+        code = by_name.get(name)
+        if code is None:
+            code = COLLECTIVE_INDEX[collective_from_kernel(name) or OTHER]
+            by_name[name] = code
+        result[i] = code
+    return result

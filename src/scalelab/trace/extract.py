@@ -188,12 +188,15 @@ def _gpu_timeline(c: Columns) -> Timeline:
     )
     runtime_tid = c.runtime_tid
     comm_tids = [runtime_tid[r] if r >= 0 else None for r in launch_row[comm_idx].tolist()]
-    collectives = _device_collectives(
-        [str(names[i]) for i in c.comm_rows],
-        c.comm_labels,
-        launch_ts[comm_idx],
-        comm_tids,
-        c.host_colls,
+    collectives = np.asarray(
+        classify.collective_codes(
+            [str(names[i]) for i in c.comm_rows],
+            c.comm_labels,
+            launch_ts[comm_idx].tolist(),
+            comm_tids,
+            classify.host_collective_spans(c.host_colls, lambda v: float(v or 0)),
+        ),
+        dtype=np.int16,
     )
     is_compute = kind == classify.COMPUTE
     is_copy = kind == classify.COPY
@@ -400,7 +403,7 @@ def _cpu_collective_labels(
     return labels, CommDetail.of([c[2] if c is not None else None for c in chosen])
 
 
-_COLLECTIVE_INDEX: dict[str, int] = {name: i for i, name in enumerate(classify.COLLECTIVES)}
+_COLLECTIVE_INDEX: dict[str, int] = classify.COLLECTIVE_INDEX
 
 
 # Timestamps and durations beyond 2^53 µs (the year 2255 since the epoch) are refused: a double no
@@ -474,83 +477,6 @@ def _launch_calls(
     found = (rc_sorted[pos] == dev_corr) & (dev_corr >= 0)
     row = np.where(found, order[pos], -1)
     return np.where(found, rt_ts[np.maximum(row, 0)], np.nan), row
-
-
-def _device_collectives(
-    names: list[str],
-    labels: list[str | None],
-    launch_ts: NDArray[np.float64],
-    launch_tids: list[Any],
-    host_colls: list[tuple[Any, Any, Any, str]],
-) -> NDArray[np.int16]:
-    """The collective of each communication kernel, from the best evidence the trace has.
-
-    1. the kernel's own `Collective name` arg (recent PyTorch);
-    2. the host annotation (`nccl:all_to_all`, ...) that encloses its launch call on the same
-       thread: the only way to tell an all-to-all, which NCCL runs as SendRecv kernels;
-    3. the collective in the kernel name (`ncclKernel_AllReduce_...`);
-    4. Other.
-    """
-    index = _COLLECTIVE_INDEX
-    result = np.full(len(names), index[classify.OTHER], dtype=np.int16)
-    unresolved: list[int] = []
-    for i, label in enumerate(labels):
-        found = classify.collective_from_label(label) if label is not None else None
-        if found is None:
-            unresolved.append(i)
-        else:
-            result[i] = index[found]
-    if unresolved and host_colls:
-        unresolved = _collectives_from_annotations(
-            result, unresolved, launch_ts, launch_tids, host_colls
-        )
-    by_name: dict[str, int] = {}
-    for i in unresolved:
-        name = names[i]
-        code = by_name.get(name)
-        if code is None:
-            code = index[classify.collective_from_kernel(name) or classify.OTHER]
-            by_name[name] = code
-        result[i] = code
-    return result
-
-
-def _collectives_from_annotations(
-    result: NDArray[np.int16],
-    unresolved: list[int],
-    launch_ts: NDArray[np.float64],
-    launch_tids: list[Any],
-    host_colls: list[tuple[Any, Any, Any, str]],
-) -> list[int]:
-    """Fill `result` from enclosing host annotations; return the indices still unresolved."""
-    by_tid: dict[Any, list[tuple[float, float, int]]] = {}
-    for tid, ts, dur, name in host_colls:
-        found = classify.collective_from_label(name)
-        if found is not None:
-            start = float(ts)
-            by_tid.setdefault(tid, []).append(
-                (start, start + float(dur or 0), _COLLECTIVE_INDEX[found])
-            )
-    still: list[int] = []
-    wanted: dict[Any, list[int]] = {}
-    for i in unresolved:
-        tid = launch_tids[i]
-        if tid in by_tid:
-            wanted.setdefault(tid, []).append(i)
-        else:
-            still.append(i)
-    for tid, rows in wanted.items():
-        spans = sorted(by_tid[tid])
-        starts = np.asarray([s[0] for s in spans])
-        ends = np.asarray([s[1] for s in spans])
-        codes = np.asarray([s[2] for s in spans], dtype=np.int16)
-        rows_arr = np.asarray(rows, dtype=np.int64)
-        t = launch_ts[rows_arr]
-        k = np.searchsorted(starts, t, side="right") - 1
-        inside = (k >= 0) & (t <= ends[np.maximum(k, 0)])
-        result[rows_arr[inside]] = codes[k[inside]]
-        still.extend(rows_arr[~inside].tolist())
-    return still
 
 
 # The fields the analysis reads from an event: type, what to call it, required.

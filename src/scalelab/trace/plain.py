@@ -19,7 +19,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from itertools import accumulate, compress, islice, repeat
-from operator import add, eq, ge, gt, itemgetter, lt, mul, ne, sub
+from operator import add, eq, ge, gt, lt, mul, ne, sub
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from scalelab.trace.report import Breakdown, CollectiveStats, RankReport, TraceR
 Intervals = tuple[list[int], list[int]]
 
 _MAX_TIME_US = float(2**53)  # as extract.MAX_TIME_US
-_COLLECTIVE_INDEX = {name: i for i, name in enumerate(classify.COLLECTIVES)}
+_COLLECTIVE_INDEX = classify.COLLECTIVE_INDEX
 
 
 class UnsupportedError(Exception):
@@ -103,12 +103,12 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
         _check_durations(c.runtime_dur[0])
     launch_us = list(map(rt_ts.__getitem__, map(launch_row.__getitem__, linked)))
     runtime_tid = c.runtime_tid
-    codes = _device_collectives(
+    codes = classify.collective_codes(
         [str(c.kernel_names[i]) for i in comm_rows],
         c.comm_labels,
         [rt_ts[launch_row[i]] if launch_row[i] >= 0 else math.nan for i in comm_rows],
         [runtime_tid[launch_row[i]] if launch_row[i] >= 0 else None for i in comm_rows],
-        c.host_colls,
+        classify.host_collective_spans(c.host_colls, _float_only),
     )
 
     # Step windows on the device timeline (steps.step_windows)
@@ -393,70 +393,14 @@ def _n_lanes(pids: list[Any], tids: list[Any]) -> int:
     return len(set(zip(pids, tids, strict=True)))
 
 
-# Collectives (extract._device_collectives) -----------------------------------------------------
+# Collectives (classify.collective_codes) -------------------------------------------------------
 
 
-def _device_collectives(
-    names: list[str],
-    labels: list[str | None],
-    launch_ts: list[float],
-    launch_tids: list[Any],
-    host_colls: list[tuple[Any, Any, Any, str]],
-) -> list[int]:
-    index = _COLLECTIVE_INDEX
-    result = [index[classify.OTHER]] * len(names)
-    unresolved: list[int] = []
-    for i, label in enumerate(labels):
-        found = classify.collective_from_label(label) if label is not None else None
-        if found is None:
-            unresolved.append(i)
-        else:
-            result[i] = index[found]
-    if unresolved and host_colls:
-        unresolved = _from_annotations(result, unresolved, launch_ts, launch_tids, host_colls)
-    by_name: dict[str, int] = {}
-    for i in unresolved:
-        name = names[i]
-        code = by_name.get(name)
-        if code is None:
-            code = index[classify.collective_from_kernel(name) or classify.OTHER]
-            by_name[name] = code
-        result[i] = code
-    return result
-
-
-def _from_annotations(
-    result: list[int],
-    unresolved: list[int],
-    launch_ts: list[float],
-    launch_tids: list[Any],
-    host_colls: list[tuple[Any, Any, Any, str]],
-) -> list[int]:
-    by_tid: dict[Any, list[tuple[float, float, int]]] = {}
-    for tid, ts, dur, name in host_colls:
-        found = classify.collective_from_label(name)
-        if found is not None:
-            if ts.__class__ is not float or dur.__class__ is not float:
-                raise UnsupportedError("a host annotation's time is not a number")
-            by_tid.setdefault(tid, []).append((ts, ts + (dur or 0.0), _COLLECTIVE_INDEX[found]))
-    for listed in by_tid.values():
-        listed.sort()
-    still: list[int] = []
-    for i in unresolved:
-        spans = by_tid.get(launch_tids[i])
-        if spans is None:
-            still.append(i)
-            continue
-        t = launch_ts[i]
-        if t != t:  # no launch call: not inside any span
-            still.append(i)
-            continue
-        k = bisect_right(spans, t, key=itemgetter(0)) - 1
-        if k >= 0 and t <= spans[k][1]:
-            result[i] = spans[k][2]
-        else:
-            still.append(i)
-    return still
+def _float_only(value: Any) -> float:
+    """A trace time the plain path takes as it is: a float (anything else: the full analysis)."""
+    if value.__class__ is not float:
+        raise UnsupportedError("a host annotation's time is not a number")
+    return float(value)
 
 
 # Interval sets (intervals.IntervalSet) ----------------------------------------------------------
