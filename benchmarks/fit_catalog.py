@@ -68,19 +68,7 @@ def step_points(cases: list) -> list[StepPoint]:
     many rows must not set the hardware's efficiency alone. Each row keeps its own node type."""
     per_source = Counter(c.source for c in cases)
     scale = np.sqrt(len(cases) / len(per_source))
-    return [
-        StepPoint(
-            c.model,
-            c.layout,
-            c.layout.global_batch
-            * c.layout.seq_len
-            / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
-            weight=scale / np.sqrt(per_source[c.source]),
-            hardware=c.cluster,
-            stack=c.stack,
-        )
-        for c in cases
-    ]
+    return [c.step_point(weight=scale / np.sqrt(per_source[c.source])) for c in cases]
 
 
 def mape(cases: list, params: dict | None) -> float:
@@ -197,18 +185,7 @@ def stack_fits() -> None:
             for c in cases
             if c.stack.name == name and (recipe is None or str(c.run.precision) == recipe)
         ]
-        points = [
-            StepPoint(
-                c.model,
-                c.layout,
-                c.layout.global_batch
-                * c.layout.seq_len
-                / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
-                hardware=c.cluster,
-                stack=c.stack.unfitted(),
-            )
-            for c in chosen
-        ]
+        points = [c.step_point(stack=c.stack.unfitted()) for c in chosen]
         fitted = fit_stack(points, names)
         stack = load_stack(name)
         catalog = (

@@ -14,11 +14,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from scalelab.config.catalog import load_stack
+
+if TYPE_CHECKING:
+    from scalelab.calibrate import StepPoint
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, rule_violations
 from scalelab.config.model import ModelSpec
@@ -60,6 +64,20 @@ class RunCase:
     @property
     def measured_tokens_per_s_per_gpu(self) -> float:
         return self.run.tokens_per_s_per_gpu
+
+    def step_point(self, **options: Any) -> StepPoint:
+        """This run as a calibration point: its measured step time, its own cluster and stack
+        unless `options` say otherwise (weight, source, another stack)."""
+        from scalelab.calibrate import StepPoint
+
+        layout = self.layout
+        step_s = (
+            layout.global_batch
+            * layout.seq_len
+            / (self.measured_tokens_per_s_per_gpu * layout.gpus)
+        )
+        given: dict[str, Any] = {"hardware": self.cluster, "stack": self.stack, **options}
+        return StepPoint(self.model, layout, step_s, **given)
 
     @property
     def sweep(self) -> tuple[str, str, str, int]:

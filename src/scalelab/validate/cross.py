@@ -44,25 +44,14 @@ def _fit(base: ClusterSpec, train: list[RunCase]) -> dict[str, float]:
     """calibrate's core on step times, each source group weighted equally; every run keeps its
     own GPU and node. fp8_efficiency_ratio is refitted only when the runs include fp8 ones and
     otherwise set to its unfitted default (the catalog's value may come from the held-out runs)."""
-    from scalelab.calibrate import StepPoint, fit
+    from scalelab.calibrate import fit
     from scalelab.config.hardware import ClusterParams
 
     train = _spread(train, CV_GROUPS_PER_SOURCE)
     per_source = Counter(c.source for c in train)
     scale = math.sqrt(len(train) / len(per_source))
     points = [
-        StepPoint(
-            c.model,
-            c.layout,
-            c.layout.global_batch
-            * c.layout.seq_len
-            / (c.measured_tokens_per_s_per_gpu * c.layout.gpus),
-            source=c.source,
-            weight=scale / math.sqrt(per_source[c.source]),
-            hardware=c.cluster,
-            stack=c.stack,
-        )
-        for c in train
+        c.step_point(source=c.source, weight=scale / math.sqrt(per_source[c.source])) for c in train
     ]
     names = list(CV_PARAMETERS)
     has_fp8 = any(str(c.layout.precision) == "fp8" for c in train)
