@@ -84,7 +84,7 @@ def parity() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def references() -> dict[str, Any]:
-    """The single-process runs (3 steps) of llama-tiny and moe-tiny, in one process: the whole
+    """The single-process runs (5 steps) of llama-tiny and moe-tiny, in one process: the whole
     global batch of 8 in one micro-batch, fp32; with torchao, also llama-tiny in rowwise fp8."""
     cases: list[dict[str, Any]] = [
         {"name": "reference", "micro_batch": 8},
@@ -93,7 +93,7 @@ def references() -> dict[str, Any]:
     if HAS_FP8:
         fp8 = {"precision": "fp8", "fp8_recipe": "rowwise", "micro_batch": 8}
         cases.append({"name": "fp8_rowwise_reference", **fp8})
-    return parity_results(1, cases, 3)
+    return parity_results(1, cases, 5)
 
 
 @pytest.fixture(scope="session")

@@ -155,7 +155,7 @@ def test_fp8_trains_like_the_reference_on_two_ranks(
     rounding of the fp32 single-process run."""
     got = world2[case]
     assert got["fp8_modules"] == BLOCK_LINEARS
-    diffs = [abs(a - b) for a, b in zip(got["loss"], reference["loss"], strict=True)]
+    diffs = [abs(a - b) for a, b in zip(got["loss"], reference["loss"][:3], strict=True)]
     assert max(diffs) < FP8_ATOL, diffs
     assert max(diffs) > 0  # really fp8: not bit-identical to fp32
 
@@ -172,9 +172,9 @@ def test_fp8_rowwise_fsdp_matches_single_process_fp8(
     sequence per rank, against 1 of 8), so the two runs round the gradients differently."""
     got, ref = world2["fp8_fsdp_rowwise"], references["fp8_rowwise_reference"]
     assert got["fp8_modules"] == ref["fp8_modules"] == BLOCK_LINEARS
-    assert len(got["loss"]) == len(ref["loss"]) == 3
+    assert len(got["loss"]) == 3 and len(ref["loss"]) >= 3
     assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5, (got["loss"], ref["loss"])
-    later = [abs(a - b) for a, b in zip(got["loss"][1:], ref["loss"][1:], strict=True)]
+    later = [abs(a - b) for a, b in zip(got["loss"][1:], ref["loss"][1:3], strict=True)]
     assert max(later) <= FP8_SPLIT_ATOL, (got["loss"], ref["loss"])
     # The 1e-5 says something: the first fp8 loss is farther than that from the fp32 one.
     assert abs(ref["loss"][0] - references["reference"]["loss"][0]) > 1e-5

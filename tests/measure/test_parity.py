@@ -1,6 +1,7 @@
-"""Every parallel layout trains exactly like one process: the same losses over three steps (at 2
-and at 4 ranks, among them every pipeline schedule x every data-parallel mode): the first checks
-the forward, the second one update, the third the optimizer's state carried between updates.
+"""Every parallel layout trains exactly like one process: the same losses over three steps at 2
+ranks and five at 4 ranks (among them every pipeline schedule x every data-parallel mode): the
+first checks the forward, the second one update, the later ones the optimizer's state carried
+between updates.
 
 llama-tiny (4 layers, d_model 64, GQA 4/2 heads, vocab 256), sequence 32, global batch 8, AdamW
 lr 3e-3, gradient clipping at 1.0, seed 0, fp32. Tolerance: 1e-5 absolute on each loss (the
@@ -100,7 +101,7 @@ WORLD4.append({"name": "pp2_1f1b_cp2", "pp": 2, "cp": 2, "micro_batch": 2})
 for _case in WORLD4:
     if _case["name"] == "pp2_1f1b_fsdp2":
         _case["count_collectives"] = True
-WORLD4_STEPS = 3
+WORLD4_STEPS = 5
 
 # Collectives per optimizer step on one rank as the predictor models them (perf.schedule,
 # perf.predict) for llama-tiny (4 blocks; FSDP units: 4 blocks + the root), global batch 8 over
