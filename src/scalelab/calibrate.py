@@ -416,6 +416,41 @@ def calibrated_cluster(cluster: ClusterSpec, result: FitResult, name: str) -> Cl
     return _with(cluster, result.fitted).model_copy(update={"name": name})
 
 
+def fit_and_write_stack(
+    cluster: ClusterSpec,
+    result: FitResult,
+    run_stack: StackSpec,
+    step_points: list[StepPoint],
+    names: list[str],
+    out: Path,
+    n_records: int,
+) -> dict[str, Any]:
+    """Fit `names` of the stack on the step points with the fitted cluster held fixed, and write
+    the stack (its behaviour and the fitted numbers) as a YAML `load_stack` reads."""
+    from dataclasses import replace
+
+    fitted_cluster = calibrated_cluster(cluster, result, cluster.name)
+    # Each point on its own node type with the fitted cluster parameters, as `fit` predicts it.
+    points = [
+        replace(
+            p,
+            hardware=fitted_cluster
+            if p.hardware is None
+            else p.hardware.model_copy(update={"params": fitted_cluster.params}),
+        )
+        for p in step_points
+    ]
+    values = fit_stack(points, names)
+    params = run_stack.params.model_copy(update=values)
+    data = run_stack.model_copy(update={"params": params}).model_dump(mode="json", exclude={"name"})
+    data["source"] = (
+        f"{run_stack.source} FITTED by scalelab calibrate on {n_records} records: "
+        + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
+    ).strip()
+    atomic_write_text(out, yaml.safe_dump(data, sort_keys=False))
+    return {"stack_fitted": values, "stack_file": str(out)}
+
+
 def write_cluster_yaml(cluster: ClusterSpec, result: FitResult, path: Path, note: str = "") -> Path:
     """A cluster file with the fitted parameters and where they came from."""
     out = calibrated_cluster(cluster, result, path.stem)

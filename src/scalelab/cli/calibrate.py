@@ -109,7 +109,9 @@ def calibrate(
     path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
     stack_fit: dict[str, Any] = {}
     if fit_stack_names:
-        stack_fit = _fit_and_write_stack(
+        from scalelab.calibrate import fit_and_write_stack
+
+        stack_fit = fit_and_write_stack(
             cluster, result, run_stack, step_points, fit_stack_names, stack_out, len(loaded)
         )
     if json_out:
@@ -160,46 +162,6 @@ def calibrate(
         console.print(
             f"stack {run_stack.name}: {stack_text} (cluster held fixed); wrote {stack_out}"
         )
-
-
-def _fit_and_write_stack(
-    cluster: Any,
-    result: Any,
-    run_stack: Any,
-    step_points: list[Any],
-    names: list[str],
-    out: Path,
-    n_records: int,
-) -> dict[str, Any]:
-    """Fit `names` of the stack on the step points with the fitted cluster held fixed, and write
-    the stack (its behaviour and the fitted numbers) as a YAML `load_stack` reads."""
-    from dataclasses import replace
-
-    import yaml
-
-    from scalelab.calibrate import calibrated_cluster, fit_stack
-    from scalelab.io import atomic_write_text
-
-    fitted_cluster = calibrated_cluster(cluster, result, cluster.name)
-    # Each point on its own node type with the fitted cluster parameters, as `fit` predicts it.
-    points = [
-        replace(
-            p,
-            hardware=fitted_cluster
-            if p.hardware is None
-            else p.hardware.model_copy(update={"params": fitted_cluster.params}),
-        )
-        for p in step_points
-    ]
-    values = fit_stack(points, names)
-    params = run_stack.params.model_copy(update=values)
-    data = run_stack.model_copy(update={"params": params}).model_dump(mode="json", exclude={"name"})
-    data["source"] = (
-        f"{run_stack.source} FITTED by scalelab calibrate on {n_records} records: "
-        + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
-    ).strip()
-    atomic_write_text(out, yaml.safe_dump(data, sort_keys=False))
-    return {"stack_fitted": values, "stack_file": str(out)}
 
 
 def _trace_points(traces: list[Path], gpus_per_node: int) -> list[Any]:
