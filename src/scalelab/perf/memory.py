@@ -118,11 +118,12 @@ def pipeline_microbatches_in_flight(
     - 1F1B (one chunk per rank): the first stage runs pp - 1 warm-up forwards and one more before
       its first backward, pp micro-batches (Narayanan et al. 2021, PipeDream-Flush; Megatron's
       non-interleaved schedule, num_warmup_microbatches = pp - rank - 1): its L/pp layers for pp
-      micro-batches, the L layers of Korthikanti et al. 2022 section 4.2.3;
+      micro-batches, the L layers of Korthikanti et al. 2022 (section 4);
     - interleaved 1F1B with v chunks: L (1 + (pp - 1) / (pp v)) layers (Korthikanti et al.
-      2022 section 4.2.3), i.e. pp (1 + (pp - 1) / (pp v)) micro-batches of L/pp layers;
+      2022, section 4), i.e. pp (1 + (pp - 1) / (pp v)) micro-batches of L/pp layers;
     - ZB-V (two chunks per rank): the same peak activation memory as 1F1B (Qi et al. 2024,
-      arXiv 2401.10241, the ZB-V schedule): pp micro-batches.
+      arXiv 2401.10241, ZB-V; "almost zero pipeline bubbles while maintaining the same
+      activation memory as 1F1B", Qi et al., NeurIPS 2024): pp micro-batches.
     Fewer micro-batches than that in a step cap each of them."""
     m = n_microbatches.astype(float)
     warm = np.minimum(m, pp)
