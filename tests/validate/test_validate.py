@@ -208,3 +208,18 @@ def test_a_stack_number_fitted_on_a_source_is_dropped_when_it_is_held_out() -> N
         [case, type(case)(case.run, case.model, case.cluster, case.layout, bare)]
     )
     assert with_number != pytest.approx(without, rel=1e-3)
+
+
+def test_memory_verdicts_that_rest_on_unstated_values_are_unknown() -> None:
+    """A run whose recompute the source does not state, or whose framework has no stack profile,
+    has its memory verdict reported with those reasons; one that states everything has none."""
+    from scalelab.validate.cases import memory_unstated
+
+    cases, _ = load_cases()
+    by_row = {c.index: c for c in cases}
+    nemo = memory_unstated(by_row[62])  # NeMo 24.07: recompute read as none, not stated
+    assert "recompute not stated" in nemo
+    oneflow = memory_unstated(by_row[614])  # OneFlow-GPT: no stack profile
+    assert any("no stack profile" in reason for reason in oneflow)
+    # llm-foundry row 155 assumes only gpus_per_node, which memory does not read
+    assert memory_unstated(by_row[155]) == []

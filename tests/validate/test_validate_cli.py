@@ -103,3 +103,11 @@ def test_runs_import_writes_a_typed_file_validate_reads(cli, tmp_path: Path) -> 
     )
     r = cli("validate", "--data", str(bad))
     assert r.returncode == 2 and r.stderr.startswith("scalelab: error: data: line 2:")
+
+
+def test_explain_gives_a_memory_verdict_resting_on_unstated_values_as_unknown(cli) -> None:
+    """NeMo's Nemotron-340B row does not state its recompute: its memory verdict is unknown."""
+    r = cli("validate", "--explain", "62")
+    assert r.returncode == 0, r.stderr
+    assert "memory verdict unknown (" in r.stdout and "recompute not stated" in r.stdout
+    assert "predicted NOT to fit" not in r.stdout

@@ -32,3 +32,15 @@ def test_memory_comparison_by_hand() -> None:
     assert out["ratio_min"] == pytest.approx(0.9) and out["ratio_max"] == pytest.approx(1.1)
     assert out["predicted_not_to_fit_rows"] == [8]
     assert out["predicted_not_to_fit_by_source"] == {"b": 1}
+
+
+def test_a_run_predicted_not_to_fit_on_values_it_does_not_state_is_unknown() -> None:
+    """Two runs predicted not to fit: one on what it states, one resting on an assumed recompute
+    (listed as unknown with its reason)."""
+    out = memory_comparison(
+        [None, None, None], np.array([90.0, 90.0, 10.0]), np.array([False, False, True]),
+        ["a", "a", "b"], [3, 4, 5], [[], ["recompute not stated"], ["vocab_size not stated"]],
+    )  # fmt: skip
+    assert out["predicted_not_to_fit"] == 2
+    assert out["predicted_not_to_fit_on_stated_inputs"] == 1
+    assert out["unknown"] == [{"row": 4, "reasons": ["recompute not stated"]}]

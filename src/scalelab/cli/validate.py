@@ -96,6 +96,13 @@ def validate(
         f"memory: {mem['predicted_not_to_fit']} of {report.rows_used} runs that really ran are "
         "predicted not to fit"
     )
+    if mem.get("unknown"):
+        line += (
+            f" ({mem['predicted_not_to_fit_on_stated_inputs']} on what they state; "
+            f"{len(mem['unknown'])} unknown, resting on values the run does not state: rows "
+            + ", ".join(str(u["row"]) for u in mem["unknown"])
+            + ")"
+        )
     if mem.get("runs_with_measured_peak"):
         line += (
             f"; predicted/measured peak over {mem['runs_with_measured_peak']} runs: median "

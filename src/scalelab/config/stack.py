@@ -137,6 +137,15 @@ class StackSpec(BaseModel):
         "every op that is not a matmul, attention or a TP ReduceScatter (the attention output "
         "is saved)",
     )
+    cross_entropy: Literal["fp32-upcast", "vocab-parallel-fp32", "fused"] = Field(
+        "fp32-upcast",
+        description="how the framework computes the loss over the logits, which sets the bytes "
+        "per logit element alive at the loss's peak (perf/memory.py `LOSS_BYTES_PER_LOGIT`): "
+        "PyTorch's cross_entropy on logits upcast to fp32 (eager), Megatron's vocab-parallel "
+        "cross-entropy (an fp32 copy in which the softmax and then the gradient are computed "
+        "in place), or one fused kernel on the bf16 logits (flash-attn's cross_entropy, "
+        "Liger, a compiled loss)",
+    )
     params: StackParams = Field(default_factory=StackParams)
     fp8_recipe_ratios: dict[str, float] = Field(
         default_factory=dict,

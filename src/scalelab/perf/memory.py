@@ -9,7 +9,14 @@ Mixed-precision AdamW, bytes per parameter as each framework keeps them:
   the prefetched one). Activations per layer follow Korthikanti et al. (arXiv
 2205.05198) for a Llama block with flash attention (no score matrix), divided by TP with
 sequence parallelism and by CP; selective recompute frees only the score-sized tensors (none with a
-flash kernel); a pipeline's first stage holds up to `pp` micro-batches in flight.
+flash kernel); a pipeline's first stage holds up to `pp` micro-batches in flight (1F1B and ZB-V;
+more with the interleaved schedule, all of them with GPipe). A layer recomputed in backward holds
+its activations once, for one micro-batch. The logits and the loss hold `LOSS_BYTES_PER_LOGIT`
+bytes per logit element at the loss's peak, by how the stack computes the loss.
+
+"Peak" here is what the job's tensors need (the allocator's allocated bytes) plus
+`memory_reserve_gib`, the memory the cluster entry holds back for what is not a tensor (CUDA
+context, communication buffers, the caching allocator's free cached blocks).
 """
 
 from __future__ import annotations
@@ -25,6 +32,22 @@ from scalelab.config.options import PipelineSchedule, Recompute, Sharding
 from scalelab.perf import moe as moe_mod
 from scalelab.perf.distinct import Distinct
 from scalelab.perf.moe import MoECost
+
+# Bytes per logit element alive at the peak of the loss (config/stack.py `cross_entropy`), each
+# from the framework's code:
+# - fp32-upcast, `F.cross_entropy(logits.float(), labels)` in eager PyTorch (torchtitan's train.py
+#   at 9dec370; components/loss.py at e7c0cae): at the start of backward the saved fp32
+#   log-softmax output (log_softmax's backward needs it), nll_loss's dense fp32 gradient and
+#   log_softmax's fp32 gradient are alive together, 3 x 4 bytes (the bf16 logits are freed
+#   before backward, `del pred`; the forward's bf16 + fp32 copy + log-softmax is 10 bytes);
+# - vocab-parallel-fp32, Megatron's `vocab_parallel_cross_entropy(output.float(), ...)`
+#   (megatron/core/tensor_parallel/cross_entropy.py): exp, softmax and then the gradient are
+#   computed in place in the fp32 copy (`exp_logits.div_(...)`, `grad_input = softmax`), 4
+#   bytes, and the cast's backward makes the bf16 gradient while it is alive, 2 more;
+# - fused, one kernel on the bf16 logits (flash-attn's `losses.cross_entropy`, llm-foundry's
+#   default `loss_fn: fused_crossentropy` at 5e85bd6 modeling_mpt.py): the bf16 logits it saves
+#   and their bf16 gradient, 2 + 2 bytes (its per-token fp32 log-sum-exp is negligible).
+LOSS_BYTES_PER_LOGIT = {"fp32-upcast": 12.0, "vocab-parallel-fp32": 6.0, "fused": 4.0}
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,38 @@ def alternate_matmul_bytes_per_layer(
     return 2.0 * (tokens * (saved_mm + attention_out) + sp_tokens * (d + reduce_scatter))
 
 
+def pipeline_microbatches_in_flight(
+    pp: np.ndarray, n_microbatches: np.ndarray, virtual_stages: np.ndarray, schedule: np.ndarray
+) -> np.ndarray:
+    """Micro-batches whose activations the first stage holds at its peak, in units of a
+    micro-batch over all of the stage's layers (1 without a pipeline).
+
+    - GPipe: every micro-batch's forward runs before any backward: all of them;
+    - 1F1B (one chunk per rank): the first stage runs pp - 1 warm-up forwards and one more before
+      its first backward, pp micro-batches (Narayanan et al. 2021, PipeDream-Flush; Megatron's
+      non-interleaved schedule, num_warmup_microbatches = pp - rank - 1): its L/pp layers for pp
+      micro-batches, the L layers of Korthikanti et al. 2022 (section 4);
+    - interleaved 1F1B with v chunks: L (1 + (pp - 1) / (pp v)) layers (Korthikanti et al.
+      2022, section 4), i.e. pp (1 + (pp - 1) / (pp v)) micro-batches of L/pp layers;
+    - ZB-V (two chunks per rank): the same peak activation memory as 1F1B (Qi et al. 2024,
+      arXiv 2401.10241, ZB-V; "almost zero pipeline bubbles while maintaining the same
+      activation memory as 1F1B", Qi et al., NeurIPS 2024): pp micro-batches.
+    Fewer micro-batches than that in a step cap each of them."""
+    m = n_microbatches.astype(float)
+    warm = np.minimum(m, pp)
+    interleaved = (schedule == PipelineSchedule.INTERLEAVED.code) & (virtual_stages > 1)
+    held = np.where(
+        schedule == PipelineSchedule.GPIPE.code,
+        m,
+        np.where(
+            interleaved,
+            np.minimum(m, warm * (1.0 + (pp - 1.0) / (pp * virtual_stages))),
+            warm,
+        ),
+    )
+    return np.where(pp > 1, held, 1.0)
+
+
 class LayerActivations(NamedTuple):
     """Activation bytes of one layer per micro-batch: all of them, with selective recompute,
     its input alone (full recompute); and the logits (no pipeline)."""
@@ -105,6 +160,7 @@ def _layer_activations(
     sequence_parallel: np.ndarray,
     math_attention: np.ndarray,
     selective_alternate: bool,
+    loss_bytes_per_logit: float,
 ) -> LayerActivations:
     tp_f = tp.astype(float)
     tokens = micro_batch * seq_len / cp
@@ -120,7 +176,7 @@ def _layer_activations(
     )
     if selective_alternate:
         selective = alternate_matmul_bytes_per_layer(model, tokens, tp, sequence_parallel)
-    logits = 2.0 * 4.0 * tokens * model.vocab_size / tp_f
+    logits = loss_bytes_per_logit * tokens * model.vocab_size / tp_f
     return LayerActivations(per_layer, selective, layer_input, logits)
 
 
@@ -144,6 +200,7 @@ def memory_per_gpu(
     math_attention: np.ndarray,
     moe: MoECost | None = None,
     selective_alternate: bool = False,
+    cross_entropy: str = "fp32-upcast",
     layer_rows: Distinct | None = None,
 ) -> MemoryBreakdown:
     """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first). A MoE model's
@@ -193,12 +250,16 @@ def memory_per_gpu(
         sequence_parallel=sequence_parallel,
         math_attention=math_attention,
     )
+    loss = LOSS_BYTES_PER_LOGIT[cross_entropy]
     if layer_rows is None:
-        layer = _layer_activations(model, selective_alternate=selective_alternate, **columns)
+        layer = _layer_activations(
+            model, selective_alternate=selective_alternate, loss_bytes_per_logit=loss, **columns
+        )
     else:  # once per distinct combination of the columns, spread back to every row
         few = _layer_activations(
             model,
             selective_alternate=selective_alternate,
+            loss_bytes_per_logit=loss,
             **{name: layer_rows.take(column) for name, column in columns.items()},
         )
         layer = LayerActivations(*(layer_rows.back(values) for values in few))
@@ -207,21 +268,15 @@ def memory_per_gpu(
         per_layer = per_layer + moe.activation_bytes
         selective = selective + moe.activation_bytes
     full = recompute == Recompute.FULL.code
-    kept = np.where(
-        full, layer_input, np.where(recompute == Recompute.SELECTIVE.code, selective, per_layer)
-    )
-    stage_layers_kept = kept * layers_per_stage + np.where(full, per_layer, 0.0)
-    in_flight = np.where(
-        pp > 1,
-        np.where(
-            schedule == PipelineSchedule.GPIPE.code,
-            n_microbatches,
-            np.minimum(n_microbatches, pp) * (1.0 + (pp - 1.0) / (pp * virtual_stages)),
-        ),
-        1.0,
-    )
+    sel = recompute == Recompute.SELECTIVE.code
+    kept = np.where(full, layer_input, np.where(sel, selective, per_layer))
+    # In backward one layer at a time is recomputed, for one micro-batch: it holds what its
+    # checkpoint did not keep until its backward is done, once on the stage, not once per
+    # micro-batch in flight (the recomputation runs inside that layer's backward).
+    recomputed = np.where(full, per_layer - layer_input, np.where(sel, per_layer - selective, 0.0))
+    in_flight = pipeline_microbatches_in_flight(pp, n_microbatches, virtual_stages, schedule)
     logits = np.where(pp > 1, 0.0, layer.logits)
-    activations = stage_layers_kept * in_flight + logits
+    activations = kept * layers_per_stage * in_flight + recomputed + logits
     if moe is not None:
         activations = activations + moe.dispatch_buffer_bytes
     reserve = np.full(tp.shape, cluster.params.memory_reserve_gib * 2**30)

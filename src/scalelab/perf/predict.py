@@ -685,6 +685,7 @@ def predict(
         math_attention=table.materialises_scores,
         moe=ctx.moe,
         selective_alternate=ctx.stack.selective_recompute == "alternate-matmuls",
+        cross_entropy=ctx.stack.cross_entropy,
         layer_rows=ctx.layer_rows,
     )
     power = average_power_w(

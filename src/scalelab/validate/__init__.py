@@ -29,6 +29,7 @@ from scalelab.validate.cases import (
     load_moe_cases,
     load_runs,
     measured,
+    memory_unstated,
     predict_cases,
     predict_cases_full,
     shipped_readings,
@@ -166,6 +167,7 @@ def run_validation(
             predicted["fits"],
             sources,
             [c.index for c in cases],
+            [memory_unstated(c) for c in cases],
         ),
         assumed_fields=dict(sorted(assumed.items(), key=lambda kv: -kv[1])),
         cross_validated=cv,
@@ -233,10 +235,14 @@ def explain(row: int, data: Path | None = None, review: Path | None = None) -> l
             p = predict_cases_full([case])
             tps = float(p["tokens_per_s_per_gpu"][0])
             measured = case.measured_tokens_per_s_per_gpu
+            unstated = memory_unstated(case)
+            verdict = "fits" if p["fits"][0] else "predicted NOT to fit"
+            if not p["fits"][0] and unstated:
+                verdict = "memory verdict unknown (" + "; ".join(unstated) + ")"
             lines.append(
                 f"  predicted {tps:,.1f} tokens/s per GPU vs measured {measured:,.1f} "
                 f"({tps / measured - 1:+.1%}); predicted memory {p['memory_gib'][0]:.1f} GiB, "
-                f"{'fits' if p['fits'][0] else 'predicted NOT to fit'}"
+                f"{verdict}"
             )
         if reading.run.assumed:
             lines.append("  assumed (not stated by the row): " + reading.run.assumed)

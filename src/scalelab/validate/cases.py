@@ -85,6 +85,29 @@ class RunCase:
         return (self.run.source_group, self.run.model, self.run.gpu, self.run.seq_len)
 
 
+# The run's fields the memory model reads (perf/memory.py through the model, layout and GPU).
+MEMORY_INPUTS = frozenset(
+    {
+        "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "tied_embeddings",
+        "seq_len", "gpus", "gpu_memory_gib", "global_batch", "micro_batch", "sharding",
+        "hsdp_shard_size", "tp", "sequence_parallel", "pp", "pp_schedule", "virtual_stages", "cp",
+        "recompute", "attention",
+    }
+)  # fmt: skip
+
+
+def memory_unstated(case: RunCase) -> list[str]:
+    """What a memory verdict on this run rests on that the run does not state: each memory input
+    it leaves to an assumption, and a framework without a stack profile (whose loss and
+    checkpointing the generic stack then assumes). Empty when the verdict rests on the run."""
+    run = case.run
+    reasons = [f"{name} not stated" for name in run.assumed_fields if name in MEMORY_INPUTS]
+    if read_stack(run.stack) is None:
+        named = f"framework {run.stack!r}" if run.stack else "no framework stated"
+        reasons.append(f"{named}: no stack profile, the generic stack's loss is assumed")
+    return reasons
+
+
 def measured(cases: list[RunCase]) -> np.ndarray:
     """Measured tokens/s per GPU of every case."""
     return np.array([c.measured_tokens_per_s_per_gpu for c in cases])

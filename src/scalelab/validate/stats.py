@@ -70,17 +70,26 @@ def memory_comparison(
     fits: np.ndarray,
     sources: Sequence[str],
     rows: Sequence[int],
+    unstated: Sequence[Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """Predicted over measured peak memory where a run states it; runs predicted not to fit."""
+    """Predicted over measured peak memory where a run states it; runs predicted not to fit.
+
+    `unstated`: per run, what its memory verdict rests on that the run does not state (empty:
+    nothing). A run predicted not to fit with such reasons is listed as unknown with them; the
+    others are predicted not to fit on what they state."""
     idx = [i for i, peak in enumerate(measured_peak_gib) if peak is not None]
     ratios = np.array([predicted_gib[i] / (measured_peak_gib[i] or 1.0) for i in idx])
     not_fit = [i for i in range(len(fits)) if not fits[i]]
     per_source = Counter(sources[i] for i in not_fit)
+    why = unstated if unstated is not None else [()] * len(fits)
+    unknown = [i for i in not_fit if why[i]]
     out: dict[str, Any] = {
         "runs_with_measured_peak": len(idx),
         "predicted_not_to_fit": len(not_fit),
         "predicted_not_to_fit_by_source": dict(sorted(per_source.items())),
         "predicted_not_to_fit_rows": [rows[i] for i in not_fit],
+        "predicted_not_to_fit_on_stated_inputs": len(not_fit) - len(unknown),
+        "unknown": [{"row": rows[i], "reasons": list(why[i])} for i in unknown],
     }
     if len(idx):
         out |= {
