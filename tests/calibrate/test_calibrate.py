@@ -248,3 +248,15 @@ def test_calibrate_cli_fits_stack_parameters_apart_and_writes_a_stack(cli, tmp_p
     assert load_stack(str(stack_file)).params.step_overhead_ms == pytest.approx(want, rel=0.02)
     bad = cli("calibrate", str(out), "--stack-params", "gemm_efficiency")
     assert bad.returncode == 2 and "stack-params" in bad.stderr
+    # An unwritable --stack-out is refused before anything is fitted or written.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a folder")
+    cluster_file = tmp_path / "c2.yaml"
+    refused = cli(
+        "calibrate", str(out), "--base", "h100-ib", "--out", str(cluster_file),
+        "--params", "nvlink_bus_efficiency", "--stack-params", "step_overhead_ms",
+        "--stack-out", str(blocked / "mine.yaml"),
+    )  # fmt: skip
+    assert refused.returncode == 2 and "stack-out" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not cluster_file.exists()

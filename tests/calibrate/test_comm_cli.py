@@ -1,4 +1,5 @@
 import json
+import sys
 
 import pytest
 
@@ -55,7 +56,7 @@ BAD_FLAGS = [
 
 @pytest.fixture(scope="module")
 def bad_flag_runs():
-    """Every BAD_FLAGS command in its own process, two at a time (each imports torch: ~3 s)."""
+    """Every BAD_FLAGS command in its own process, two at a time (refused before torch's import)."""
     argvs = [("comm", *args) for args, _ in BAD_FLAGS]
     return dict(zip(argvs, run_cli_all(argvs), strict=True))
 
@@ -64,3 +65,28 @@ def bad_flag_runs():
 def test_comm_bad_flags(bad_flag_runs, args, needle) -> None:
     r = bad_flag_runs[("comm", *args)]
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--collectives", "broadcast"], "collectives"),
+        (["--sizes", "lots"], "sizes"),
+        (["--iters", "0"], "iters"),
+        (["--nproc-per-node", "0"], "nproc-per-node"),
+    ],
+)
+def test_comm_bad_flags_fail_before_torch_is_imported(
+    args, field, capsys, monkeypatch, tmp_path
+) -> None:
+    """Bad flags are refused before `import torch` (~3 s a process): with torch (and the
+    benchmark module, which imports it) unimportable, the line still names the flag."""
+    from scalelab.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "scalelab.measure.comm_bench", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["comm", *args, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err

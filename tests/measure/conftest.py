@@ -20,20 +20,39 @@ WORKER = Path(__file__).with_name("parity_worker.py")
 MOE_TINY = str(ROOT / "examples" / "moe-tiny.yaml")
 # torchao (the `fp8` extra) is installed: the FP8 cases join the 2-rank launch and the references.
 HAS_FP8 = importlib.util.find_spec("torchao") is not None
-# test_fp8.py's 2-rank cases (fp8 matmuls on CPU are ~6x slower than fp32, so few): both recipes,
-# FSDP with the fp8 all-gather and precomputed scales, TP with SP (2 micro-batches of 4: dp 1),
-# and rowwise FSDP, which is compared with the single-process fp8 run (`fp8_rowwise_reference`).
+# test_fp8.py's 2-rank cases (fp8 matmuls on CPU are ~6x slower than fp32, so few): both recipes
+# on FSDP (tensorwise with the fp8 all-gather and precomputed scales) and on TP (rowwise with SP,
+# tensorwise without: gloo cannot carry fp8 activations). Each is compared with one process running
+# the same recipe on the same micro-batches (FP8_REFERENCE, made by `references`): the FSDP cases
+# run 2 micro-batches of 2 a rank, so that the one-process run, 4 micro-batches of 2, quantises the
+# same tensors with the same scales (a rank's rows are a contiguous half of the batch); the TP
+# cases (dp 1) one micro-batch of 8.
 FP8_WORLD2: list[dict[str, Any]] = [
-    {"name": "fp8_fsdp_tensorwise_gather", "precision": "fp8", "fp8_all_gather": True},
+    {
+        "name": "fp8_fsdp_tensorwise_gather",
+        "precision": "fp8",
+        "fp8_all_gather": True,
+        "micro_batch": 2,
+    },
+    {"name": "fp8_fsdp_rowwise", "precision": "fp8", "fp8_recipe": "rowwise", "micro_batch": 2},
     {
         "name": "fp8_tp_rowwise_sp",
         "precision": "fp8",
         "tp": 2,
         "fp8_recipe": "rowwise",
-        "micro_batch": 4,
+        "micro_batch": 8,
     },
-    {"name": "fp8_fsdp_rowwise", "precision": "fp8", "fp8_recipe": "rowwise"},
+    {"name": "fp8_tp_tensorwise", "precision": "fp8", "tp": 2, "sp": False, "micro_batch": 8},
 ]
+
+
+def fp8_reference_name(case: dict[str, Any]) -> str:
+    """The one-process run a 2-rank fp8 case is compared with: its recipe and micro-batch size."""
+    return f"fp8_{case.get('fp8_recipe', 'tensorwise')}_mb{case['micro_batch']}_reference"
+
+
+# Steps of every parity launch and single-process reference (issue 13: 5 steps at 2 and 4 ranks).
+PARITY_STEPS = 5
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -56,7 +75,9 @@ def run(cmd: list[str], timeout: float = 300, **extra: str) -> subprocess.Comple
     )
 
 
-def parity_results(nproc: int, cases: list[dict[str, Any]], steps: int = 3) -> dict[str, Any]:
+def parity_results(
+    nproc: int, cases: list[dict[str, Any]], steps: int = PARITY_STEPS
+) -> dict[str, Any]:
     """Run `cases` in one process group of `nproc` ranks; retried once (rare gloo teardown abort)."""
     if nproc == 1:
         cmd = [sys.executable, str(WORKER), json.dumps(cases), str(steps)]
@@ -84,16 +105,21 @@ def parity() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def references() -> dict[str, Any]:
-    """The single-process runs (5 steps) of llama-tiny and moe-tiny, in one process: the whole
-    global batch of 8 in one micro-batch, fp32; with torchao, also llama-tiny in rowwise fp8."""
+    """The single-process runs (PARITY_STEPS) of llama-tiny and moe-tiny, in one process: the
+    whole global batch of 8 in one micro-batch, fp32; with torchao, also llama-tiny in fp8 as each
+    2-rank fp8 case runs it (`fp8_reference_name`: its recipe and micro-batch size)."""
     cases: list[dict[str, Any]] = [
         {"name": "reference", "micro_batch": 8},
         {"name": "moe_reference", "model": MOE_TINY, "micro_batch": 8},
     ]
     if HAS_FP8:
-        fp8 = {"precision": "fp8", "fp8_recipe": "rowwise", "micro_batch": 8}
-        cases.append({"name": "fp8_rowwise_reference", **fp8})
-    return parity_results(1, cases, 5)
+        names = {fp8_reference_name(c): c for c in FP8_WORLD2}
+        for name, case in names.items():
+            recipe = {k: case[k] for k in ("fp8_recipe",) if k in case}
+            cases.append(
+                {"name": name, "precision": "fp8", "micro_batch": case["micro_batch"], **recipe}
+            )
+    return parity_results(1, cases)
 
 
 @pytest.fixture(scope="session")

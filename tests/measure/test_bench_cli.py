@@ -166,6 +166,33 @@ def test_without_torch_bench_says_how_to_get_it(
     ]
 
 
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--nproc-per-node", "4", "--pp", "2", "--pp-schedule", "zbv", "--virtual-stages", "2"],
+         "pp_schedule"),
+        (["--nproc-per-node", "2", "--pp", "2", "--grad-sync", "microbatch"], "grad_sync"),
+        (["--nproc-per-node", "2", "--tp", "2", "--sharding", "ddp"], "sharding"),
+        (["--precision", "fp8", "--fp8-all-gather"], "fp8-all-gather"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_fail_before_torch_is_imported(
+    args: list[str],
+    field: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A layout bench cannot run is refused before `import torch` (~3 s a process): with torch
+    unimportable, the line still names the layout's field, not the missing PyTorch."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "llama-tiny", *args, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err
+
+
 def test_predict_without_predictor_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -3,9 +3,10 @@
 PyTorch 2.13 runs `torch._scaled_mm` on CPU, so torchao's float8 path really runs here: the
 block linears are converted and the output head is not, the converted model trains (FSDP2 with
 and without fp8 all-gather, TP with Float8Colwise/RowwiseParallel, both recipes) with losses within
-a few 1e-3 of the fp32 single-process reference, rowwise FSDP on 2 ranks matches one process
-running the same fp8 recipe (first loss to 1e-5, later ones within fp8 rounding), and every
-refusal is one line naming its field.
+fp8 rounding of the fp32 single-process reference; on 2 ranks FSDP matches one process running
+the same fp8 recipe on the same micro-batches within parity's 1e-5 over five steps, TP within what
+fp8 rounding does to the reference (TP changes what is quantised together), and every refusal is
+one line naming its field.
 The GPU-only part (compute capability 8.9+, the fp8 GEMMs' speed) is in benchmarks/gpu_check.sh
 and behind the `gpu` marker.
 """
@@ -20,16 +21,14 @@ import pytest
 from scalelab.cli.common import build_layout
 from scalelab.errors import InputError
 from scalelab.measure.config import BenchOptions, check_layout, check_layout_options
-from tests.measure.conftest import FP8_WORLD2
+from tests.measure.conftest import FP8_WORLD2, PARITY_STEPS, fp8_reference_name
 
 torchao = pytest.importorskip("torchao", reason="the fp8 extra (torchao) is not installed")
 torch = pytest.importorskip("torch")
 
-FP8_ATOL = 5e-3  # fp8 (e4m3) rounding of the block GEMMs' inputs; observed about 5e-4 over 3 steps
-# Rowwise fp8 on 2 ranks against rowwise fp8 in one process, steps 2 and 3: the split of the batch
-# changes the weight-gradient GEMM's rowwise scales. Observed 8e-5 and 2.7e-4 (step 1: 5e-7; fp8
-# against fp32 on step 1: 4e-4), 2026-12-03.
-FP8_SPLIT_ATOL = 1e-3
+# fp8 (e4m3) rounding of the block GEMMs' inputs against fp32: observed 4e-4 on step 1, growing to
+# 6.2e-3 by step 5 as the updates differ (2026-12-03).
+FP8_ATOL = 1e-2
 BLOCK_LINEARS = 4 * 7  # llama-tiny: 4 blocks x (wq, wk, wv, wo, w1, w2, w3)
 
 
@@ -149,35 +148,68 @@ def test_gloo_cannot_carry_fp8_activations() -> None:
 def test_fp8_trains_like_the_reference_on_two_ranks(
     case: str, world2: dict[str, Any], reference: dict[str, Any]
 ) -> None:
-    """Each 2-rank fp8 case (conftest's FP8_WORLD2, run in the 2-rank parity launch: both recipes,
-    FSDP with the fp8 all-gather, TP with SP; the tensorwise TP styles are checked without training
-    in test_tp_styles_follow_the_recipe) converts every block linear and trains within fp8
-    rounding of the fp32 single-process run."""
+    """Each 2-rank fp8 case (conftest's FP8_WORLD2, run in the 2-rank parity launch: both recipes
+    on FSDP, with the fp8 all-gather for tensorwise, and on TP) converts every block linear and
+    trains within fp8 rounding of the fp32 single-process run over the five steps (FP8_ATOL)."""
     got = world2[case]
     assert got["fp8_modules"] == BLOCK_LINEARS
-    diffs = [abs(a - b) for a, b in zip(got["loss"], reference["loss"][:3], strict=True)]
+    assert len(got["loss"]) == len(reference["loss"]) == PARITY_STEPS
+    diffs = [abs(a - b) for a, b in zip(got["loss"], reference["loss"], strict=True)]
     assert max(diffs) < FP8_ATOL, diffs
-    assert max(diffs) > 0  # really fp8: not bit-identical to fp32
+    assert diffs[0] > 1e-5  # really fp8: the forward alone is farther than parity's 1e-5 from fp32
+
+
+def _fp8_pair(
+    case: str, world2: dict[str, Any], references: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """A 2-rank fp8 case's losses and those of one process running its recipe on its micro-batches."""
+    wanted = next(c for c in FP8_WORLD2 if c["name"] == case)
+    got, ref = world2[case], references[fp8_reference_name(wanted)]
+    assert got["fp8_modules"] == ref["fp8_modules"] == BLOCK_LINEARS
+    assert len(got["loss"]) == len(ref["loss"]) == PARITY_STEPS
+    return got["loss"], ref["loss"]
 
 
 @pytest.mark.distributed
-def test_fp8_rowwise_fsdp_matches_single_process_fp8(
-    world2: dict[str, Any], references: dict[str, Any]
+@pytest.mark.parametrize("case", ["fp8_fsdp_tensorwise_gather", "fp8_fsdp_rowwise"])
+def test_fp8_fsdp_matches_single_process_fp8(
+    case: str, world2: dict[str, Any], references: dict[str, Any]
 ) -> None:
-    """2-rank FSDP, rowwise fp8, against one process running the same fp8 recipe on the whole batch
-    (issue 13). The first loss agrees to fp32 reduction-order noise (1e-5): the forward's rowwise
-    scales are per token and per weight row, so they do not depend on how the batch is split. The
-    later ones only within fp8 rounding (FP8_SPLIT_ATOL): the weight-gradient GEMM contracts over
-    the tokens, and its rowwise scales are taken over the tokens of each micro-batch (here 4 of 1
-    sequence per rank, against 1 of 8), so the two runs round the gradients differently."""
-    got, ref = world2["fp8_fsdp_rowwise"], references["fp8_rowwise_reference"]
-    assert got["fp8_modules"] == ref["fp8_modules"] == BLOCK_LINEARS
-    assert len(got["loss"]) == 3 and len(ref["loss"]) >= 3
-    assert abs(got["loss"][0] - ref["loss"][0]) <= 1e-5, (got["loss"], ref["loss"])
-    later = [abs(a - b) for a, b in zip(got["loss"][1:], ref["loss"][1:3], strict=True)]
-    assert max(later) <= FP8_SPLIT_ATOL, (got["loss"], ref["loss"])
-    # The 1e-5 says something: the first fp8 loss is farther than that from the fp32 one.
-    assert abs(ref["loss"][0] - references["reference"]["loss"][0]) > 1e-5
+    """2-rank FSDP in fp8 (tensorwise with the fp8 all-gather, rowwise) matches one process running
+    the same recipe on the same micro-batches within parity's 1e-5 over five steps (issue 13;
+    observed 5e-7, 2026-12-03). Same micro-batches matter: the weight-gradient GEMM's scales are
+    taken over a micro-batch's tokens (rowwise: per weight row over the tokens), so against one
+    micro-batch of 8 the rowwise losses of steps 2-5 differ by up to 4e-4. What remains is fp32
+    reduction order (a rank sums its micro-batches, then the ranks are summed), which fp8 could
+    amplify: a weight one ulp away can round to the next fp8 value. In these runs it did not (at
+    micro-batch 1, tensorwise did: 5e-4 from step 3; rowwise's scales are powers of two)."""
+    losses, expected = _fp8_pair(case, world2, references)
+    diffs = [abs(a - b) for a, b in zip(losses, expected, strict=True)]
+    assert max(diffs) <= 1e-5, (losses, expected)
+    # The 1e-5 says something: the fp8 losses are farther than that from the fp32 ones.
+    assert abs(expected[0] - references["reference"]["loss"][0]) > 1e-5
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", ["fp8_tp_rowwise_sp", "fp8_tp_tensorwise"])
+def test_fp8_tp_matches_single_process_fp8_within_fp8_rounding(
+    case: str, world2: dict[str, Any], references: dict[str, Any]
+) -> None:
+    """TP in fp8 against one process running the same recipe on the same micro-batch of 8. Not
+    within 1e-5, and no single process can be: TP changes what is quantised together. Rowwise
+    scales each weight row over its input features, which RowwiseParallel (wo, w2) splits between
+    the ranks, so the forward alone differs (step 1: 4e-5, 2026-12-03); tensorwise's scales are
+    whole-tensor (step 1-3: 5e-7), but are not powers of two, so the TP partial sums' fp32
+    reduction order moves values across fp8 rounding boundaries (5e-5 from step 4). The
+    tolerance is what fp8 rounding itself does to this training: the reference's largest
+    distance from fp32 over the same five steps (4.9e-3 rowwise, 6.2e-3 tensorwise; observed TP
+    differences at most 1.8e-3 and 5e-5); the forward alone within 1e-4 (a tenth of that)."""
+    losses, expected = _fp8_pair(case, world2, references)
+    fp32 = references["reference"]["loss"]
+    rounding = max(abs(a - b) for a, b in zip(expected, fp32, strict=True))
+    diffs = [abs(a - b) for a, b in zip(losses, expected, strict=True)]
+    assert diffs[0] <= 1e-4, (losses, expected)
+    assert max(diffs) <= rounding, (losses, expected, rounding)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
-"""Every parallel layout trains exactly like one process: the same losses over three steps at 2
-ranks and five at 4 ranks (among them every pipeline schedule x every data-parallel mode): the
-first checks the forward, the second one update, the later ones the optimizer's state carried
-between updates.
+"""Every parallel layout trains exactly like one process: the same losses over five steps at 2
+and at 4 ranks (issue 13; among them every pipeline schedule x every data-parallel mode at 4
+ranks): the first checks the forward, the second one update, the later ones the optimizer's state
+carried between updates.
 
 llama-tiny (4 layers, d_model 64, GQA 4/2 heads, vocab 256), sequence 32, global batch 8, AdamW
 lr 3e-3, gradient clipping at 1.0, seed 0, fp32. Tolerance: 1e-5 absolute on each loss (the
@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from tests.measure.conftest import MOE_TINY
+from scalelab.errors import InputError
+from tests.measure.conftest import FP8_WORLD2, MOE_TINY, PARITY_STEPS
 
 pytestmark = pytest.mark.distributed
 
@@ -64,6 +65,12 @@ WORLD2: list[dict[str, Any]] = [
     {"name": "cp2", "cp": 2, "micro_batch": 4},
     {"name": "fsdp2_selective_ac", "recompute": "selective", "micro_batch": 2},
     {"name": "fsdp2_full_ac", "recompute": "full", "micro_batch": 2},
+    # What else the CLI accepts at 2 ranks (test_every_layout_value_is_run_at_two_ranks):
+    # FSDP2's per-micro-batch reduction (set_requires_gradient_sync; DDP's no_sync is above),
+    # HSDP replicating over 2 groups of 1, and GPipe (dp 1, so 2 micro-batches of 4).
+    {"name": "fsdp2_sync_microbatch", "grad_sync": "microbatch", "micro_batch": 2},
+    {"name": "hsdp2_replicate", "sharding": "hsdp", "hsdp_shard_size": 1, "micro_batch": 2},
+    {"name": "pp2_gpipe", "pp": 2, "pp_schedule": "gpipe", "micro_batch": 4},
 ]
 # Every pipeline schedule x every data-parallel mode the harness runs with pp 2 at 4 ranks (dp 2).
 # ZBV with data parallelism and ZeRO-1 with pp are refused (test_refused_pipeline_layouts).
@@ -101,7 +108,6 @@ WORLD4.append({"name": "pp2_1f1b_cp2", "pp": 2, "cp": 2, "micro_batch": 2})
 for _case in WORLD4:
     if _case["name"] == "pp2_1f1b_fsdp2":
         _case["count_collectives"] = True
-WORLD4_STEPS = 5
 
 # Collectives per optimizer step on one rank as the predictor models them (perf.schedule,
 # perf.predict) for llama-tiny (4 blocks; FSDP units: 4 blocks + the root), global batch 8 over
@@ -161,19 +167,19 @@ def world2_cases() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def world4(parity: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    return parity(4, [dict(c) for c in WORLD4] + _moe_cases(MOE_WORLD4), WORLD4_STEPS)
+    return parity(4, [dict(c) for c in WORLD4] + _moe_cases(MOE_WORLD4), PARITY_STEPS)
 
 
-def _check(result: dict[str, Any], reference: dict[str, Any], atol: float, steps: int = 3) -> None:
-    losses, expected = result["loss"], reference["loss"][:steps]
-    assert len(losses) == len(expected) == steps
+def _check(result: dict[str, Any], reference: dict[str, Any], atol: float) -> None:
+    losses, expected = result["loss"], reference["loss"]
+    assert len(losses) == len(expected) == PARITY_STEPS
     diffs = [abs(a - b) for a, b in zip(losses, expected, strict=True)]
     assert max(diffs) <= atol, f"losses {losses} vs single process {expected}"
 
 
 def test_reference_learns(reference: dict[str, Any]) -> None:
     losses = reference["loss"]
-    assert len(losses) == WORLD4_STEPS
+    assert len(losses) == PARITY_STEPS
     assert losses[0] > losses[1] > losses[2], losses
     assert reference["local_numel"] == TINY_PARAMS
 
@@ -186,10 +192,120 @@ def test_world2_matches_single_process(
     _check(result, reference, BF16_ATOL if "bf16" in case else FP32_ATOL)
     if case.startswith(("fsdp2", "zero2", "tp2", "pp2")):
         assert result["local_numel"] < 0.6 * TINY_PARAMS, "parameters were not sharded or split"
-    if case == "ddp2":
+    if case in ("ddp2", "hsdp2_replicate"):  # replicated (HSDP: shard groups of 1)
         assert result["local_numel"] == TINY_PARAMS
     if case == "cp2":
         assert result["local_seq_len"] == 16, "context parallelism did not split the sequence"
+
+
+# What a case runs, for test_every_layout_value_is_run_at_two_ranks: the parity worker's defaults
+# (tests/measure/parity_worker.py DEFAULTS) for the fields that tell layouts apart.
+_BASE: dict[str, Any] = {
+    "sharding": "fsdp", "hsdp_shard_size": None, "reshard_after_forward": True, "tp": 1,
+    "sp": True, "pp": 1, "pp_schedule": "1f1b", "virtual_stages": 1, "cp": 1, "micro_batch": 1,
+    "recompute": "none", "precision": "bf16", "compute_dtype": "fp32", "grad_sync": "step",
+    "fp8_recipe": "tensorwise", "fp8_all_gather": False,
+}  # fmt: skip
+_OPTIONS = ("compute_dtype", "grad_sync", "fp8_recipe", "fp8_all_gather")
+
+
+def _features(case: dict[str, Any]) -> set[tuple[Any, ...]]:
+    """The values a 2-rank llama-tiny case exercises, each where the harness runs it differently:
+    the data-parallel mode (with dp 2), its gradient reduction (DDP's no_sync or FSDP2's
+    set_requires_gradient_sync) and resharding, TP with or without SP, the pipeline schedule, CP,
+    recompute, the compute dtype, and fp8 (recipe, on TP's styles or not, the fp8 all-gather)."""
+    c = _BASE | case
+    dp = 2 // (c["tp"] * c["pp"] * c["cp"])
+    out: set[tuple[Any, ...]] = {("recompute", c["recompute"]), ("dtype", c["compute_dtype"])}
+    if dp > 1:
+        family = "ddp" if c["sharding"] in ("ddp", "zero1") else "fsdp"
+        out |= {("sharding", c["sharding"]), ("grad_sync", family, c["grad_sync"])}
+        if family == "fsdp" and not c["reshard_after_forward"]:
+            out.add(("reshard_after_forward", False))
+    if c["tp"] > 1:
+        out.add(("tp", "sp" if c["sp"] else "no sp"))
+    if c["pp"] > 1:
+        out.add(("pp_schedule", c["pp_schedule"]))
+    if c["cp"] > 1:
+        out.add(("cp",))
+    if c["precision"] == "fp8":
+        out.add(("fp8", c["fp8_recipe"], "tp" if c["tp"] > 1 else "no tp"))
+        if c["fp8_all_gather"]:
+            out.add(("fp8_all_gather",))
+    return out
+
+
+def _cli_accepts(case: dict[str, Any]) -> bool:
+    """Whether `scalelab bench llama-tiny --nproc-per-node 2` on CPU runs `case` (its checks, in
+    its order: the layout rules, the harness's, the options', gloo's fp8 limits)."""
+    from scalelab.cli.common import build_layout
+    from scalelab.config.catalog import load_cluster, load_model
+    from scalelab.config.layout import check
+    from scalelab.measure import fp8
+    from scalelab.measure.config import BenchOptions, check_layout, check_layout_options
+
+    c = _BASE | case
+    spec = load_model("llama-tiny")
+    local = load_cluster("h100-ib").model_copy(update={"gpus_per_node": 2, "nvlink_domain": 2})
+    try:
+        layout = build_layout(
+            gpus=2, seq_len=32, global_batch=8, **{k: v for k, v in c.items() if k not in _OPTIONS}
+        )
+        options = BenchOptions(**{k: c[k] for k in _OPTIONS})
+        check(layout, spec, local)
+        check_layout(layout, spec, 2)
+        check_layout_options(options, layout, spec)
+        if layout.precision == "fp8":
+            fp8.check_gloo(options.fp8_recipe, layout.tp, layout.sequence_parallel)
+    except InputError:
+        return False
+    return True
+
+
+def test_every_layout_value_is_run_at_two_ranks() -> None:
+    """Every value the CLI accepts on 2 CPU ranks for llama-tiny (each axis where the harness runs
+    it differently: `_features`) is trained by a 2-rank parity case (here or test_fp8.py's) or
+    refused with one line. The grid: each way to use the 2 ranks (dp, tp, pp, cp) x every
+    sharding x every schedule x SP x resharding x fp8 (none, tensorwise with and without the fp8
+    all-gather, rowwise) x gradient reduction, and each recompute mode and compute dtype."""
+    import itertools
+
+    accepted: set[tuple[Any, ...]] = set()
+    schedules = {"gpipe": 1, "1f1b": 1, "interleaved": 2, "zbv": 2}
+    fp8s: list[dict[str, Any]] = [
+        {},
+        {"precision": "fp8"},
+        {"precision": "fp8", "fp8_all_gather": True},
+        {"precision": "fp8", "fp8_recipe": "rowwise"},
+    ]
+    for dim, sharding, schedule, sp, reshard, fp8, sync in itertools.product(
+        ("dp", "tp", "pp", "cp"), ("fsdp", "zero2", "ddp", "zero1", "hsdp"), schedules,
+        (True, False), (True, False), fp8s, ("step", "microbatch"),
+    ):  # fmt: skip
+        if (dim != "pp" and schedule != "1f1b") or (dim != "tp" and not sp):
+            continue
+        case: dict[str, Any] = {"sharding": sharding, "reshard_after_forward": reshard}
+        case |= {"grad_sync": sync, **fp8}
+        if sharding == "hsdp":
+            case["hsdp_shard_size"] = 1
+        if dim != "dp":
+            case |= {dim: 2, "sp": sp, "pp_schedule": schedule}
+            case |= {"virtual_stages": schedules[schedule], "micro_batch": 4}
+        if _cli_accepts(case):
+            accepted |= _features(case)
+    for extra in ({"recompute": "selective"}, {"recompute": "full"}, {"compute_dtype": "bf16"}):
+        assert _cli_accepts(extra)
+        accepted |= _features(extra)
+    run: set[tuple[Any, ...]] = set()
+    for c in WORLD2 + FP8_WORLD2:
+        assert _cli_accepts({k: v for k, v in c.items() if k in _BASE}), c["name"]
+        run |= _features({k: v for k, v in c.items() if k in _BASE})
+    assert accepted - run == set(), "accepted at 2 ranks but not run"
+    # Refused, each with one line: ZeRO-1 and DDP with TP, ZeRO-1 with a pipeline, DDP with
+    # GPipe/interleaved only with dp > 1 (not here), tensorwise fp8 with TP + SP on gloo.
+    assert not _cli_accepts({"tp": 2, "sharding": "ddp", "micro_batch": 4})
+    assert not _cli_accepts({"tp": 2, "precision": "fp8", "micro_batch": 4})
+    assert ("fp8", "tensorwise", "tp") in accepted  # with --no-sp
 
 
 @pytest.mark.parametrize("case", [c["name"] for c in WORLD4])
@@ -197,7 +313,7 @@ def test_world4_matches_single_process(
     case: str, world4: dict[str, Any], reference: dict[str, Any]
 ) -> None:
     result = world4[case]
-    _check(result, reference, FP32_ATOL, WORLD4_STEPS)
+    _check(result, reference, FP32_ATOL)
     if case == "hsdp_2x2":  # sharded 2 ways, replicated 2 ways
         assert 0.45 * TINY_PARAMS < result["local_numel"] < 0.55 * TINY_PARAMS
     elif case.endswith("_cp2"):
@@ -277,8 +393,8 @@ def test_moe_matches_single_process(
     wanted = next(c for c in MOE_WORLD2 + MOE_WORLD4 if c["name"] == case)
     in_world2 = any(c["name"] == case for c in MOE_WORLD2)
     result = world2[case] if in_world2 else world4[case]
-    steps = 3 if in_world2 else WORLD4_STEPS
-    _check(result, moe_reference, FP32_ATOL, steps)
+    steps = PARITY_STEPS
+    _check(result, moe_reference, FP32_ATOL)
     norms, expected = result["grad_norm"], moe_reference["grad_norm"][:steps]
     assert norms == pytest.approx(expected, rel=1e-5), (norms, expected)
     imbalance = result["expert_load_imbalance"]
@@ -314,7 +430,7 @@ def _ep_imbalance(counts: list[list[list[float]]], ep: int) -> list[float]:
 def test_moe_reference_holds_the_whole_model(moe_reference: dict[str, Any]) -> None:
     assert moe_reference["local_numel"] == MOE_TOTAL
     assert moe_reference["local_experts"] == [8, 64]
-    assert moe_reference["ep_load_imbalance"] == [1.0] * WORLD4_STEPS  # no EP: one rank
+    assert moe_reference["ep_load_imbalance"] == [1.0] * PARITY_STEPS  # no EP: one rank
     # The definition of expert_load_imbalance, from the routed slots per expert.
     by_expert = []
     for step in moe_reference["expert_counts"]:

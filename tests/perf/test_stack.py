@@ -60,6 +60,23 @@ def test_gradient_sync_every_microbatch_multiplies_the_reduction() -> None:
     assert a["dp_grad_reduce_s"] == pytest.approx(b["dp_grad_reduce_s"])
 
 
+def test_composer_fsdp_reduces_every_microbatch_and_ddp_once() -> None:
+    # Composer enters no_sync only for a DistributedDataParallel model; with FSDP (its submodules
+    # wrapped) FSDP1 reduce-scatters each micro-batch. 8 GPUs, 512 sequences, micro-batch 4: 16.
+    a100 = load_cluster("a100-ib")
+
+    def row(sharding: str, stack: str) -> dict:
+        layout = Layout(gpus=8, global_batch=512, seq_len=2048, micro_batch=4, sharding=sharding)
+        table = LayoutTable.from_layouts([layout])
+        return predict(load_model("llama2-7b"), a100, table, load_stack(stack)).row(0)
+
+    fsdp, fsdp_once = row("fsdp", "composer"), row("fsdp", "generic")
+    assert fsdp["dp_grad_reduce_s"] == pytest.approx(16 * fsdp_once["dp_grad_reduce_s"])
+    assert fsdp["step_time_s"] > fsdp_once["step_time_s"]
+    ddp, ddp_once = row("ddp", "composer"), row("ddp", "generic")
+    assert ddp["dp_grad_reduce_s"] == pytest.approx(ddp_once["dp_grad_reduce_s"])
+
+
 def test_tp_and_p2p_overlap_only_hide_communication() -> None:
     layout = Layout(
         gpus=256,

@@ -181,6 +181,11 @@ def bench(
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
+    # The checks that need no cluster run before torch's import (~3 s), so bad input fails at once.
+    check_layout(built, spec, per_node)
+    check_layout_options(options, built, spec)
+    if data is not None:
+        check_tokens(data, spec.vocab_size, built.seq_len)
     gpu = _detected_gpu()
     if gpu is not None and not worker:
         import torch
@@ -198,8 +203,6 @@ def bench(
     reference = cluster_spec or load_cluster("h100-ib")
     local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
     check(built, spec, local)
-    check_layout(built, spec, per_node)
-    check_layout_options(options, built, spec)
     if built.precision == "fp8":
         from scalelab.measure import fp8
 
@@ -207,8 +210,6 @@ def bench(
             fp8.check_local_device()
         else:
             fp8.check_gloo(fp8_recipe, built.tp, built.sequence_parallel)
-    if data is not None:
-        check_tokens(data, spec.vocab_size, built.seq_len)
     predict_cluster = None
     if predict:
         from scalelab.predicted import require_predictor

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.common import JsonOpt, console, print_json, writable_folder
 from scalelab.errors import InputError
 
 
@@ -105,6 +105,11 @@ def calibrate(
             raise InputError(
                 "params", f"cannot fit {', '.join(unknown)}; choose from {', '.join(BOUNDS)}"
             )
+    # Both outputs are checked before fitting, so a fit never ends with one file written and
+    # the other refused.
+    writable_folder("out", out.parent)
+    if fit_stack_names:
+        writable_folder("stack-out", stack_out.parent)
     result = fit(cluster, comm_points, step_points, names)
     path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
     stack_fit: dict[str, Any] = {}

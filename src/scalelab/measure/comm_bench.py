@@ -14,7 +14,6 @@ send_recv 1.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from typing import Any
@@ -24,32 +23,10 @@ import torch.distributed as dist
 
 from scalelab import collectives as coll
 
+# Sizes are parsed without torch (measure.config), so that `scalelab comm` rejects them at once.
+from scalelab.measure.config import parse_size, parse_sizes  # noqa: F401
+
 COLLECTIVES = coll.BENCHMARKED
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text.upper())
-    if not match:
-        raise ValueError(f"'{text}' is not a size such as 1K, 64M or 4G")
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def parse_sizes(text: str) -> list[int]:
-    """`1K:4G` (powers of two from 1 KiB to 4 GiB), `1M:1G:4` (x4 steps) or `1M,8M,64M`."""
-    if ":" in text:
-        parts = text.split(":")
-        lo, hi = parse_size(parts[0]), parse_size(parts[1])
-        factor = int(parts[2]) if len(parts) > 2 else 2
-        if lo <= 0 or hi < lo or factor < 2:
-            raise ValueError(f"'{text}' needs 0 < start <= end and a factor of at least 2")
-        sizes = []
-        size = lo
-        while size <= hi:
-            sizes.append(size)
-            size *= factor
-        return sizes
-    return [parse_size(s) for s in text.split(",") if s.strip()]
 
 
 def bus_factor(collective: str, n: int) -> float:

@@ -1,8 +1,10 @@
-"""What one bench run is asked to do, checked before any process is launched (no torch here)."""
+"""What one bench or comm run is asked to do, checked before any process is launched (no torch
+here, so that bad input fails before torch's import, ~3 s)."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -67,6 +69,34 @@ class BenchOptions(BaseModel):
         False, description="attach the predictor's numbers to the record (done above the harness)"
     )
     out_dir: str = "runs"
+
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """A message size of the collective benchmark: `64`, `1K`, `64M` or `4G` (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", text.upper())
+    if not match:
+        raise ValueError(f"'{text}' is not a size such as 1K, 64M or 4G")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """`1K:4G` (powers of two from 1 KiB to 4 GiB), `1M:1G:4` (x4 steps) or `1M,8M,64M`."""
+    if ":" in text:
+        parts = text.split(":")
+        lo, hi = parse_size(parts[0]), parse_size(parts[1])
+        factor = int(parts[2]) if len(parts) > 2 else 2
+        if lo <= 0 or hi < lo or factor < 2:
+            raise ValueError(f"'{text}' needs 0 < start <= end and a factor of at least 2")
+        sizes = []
+        size = lo
+        while size <= hi:
+            sizes.append(size)
+            size *= factor
+        return sizes
+    return [parse_size(s) for s in text.split(",") if s.strip()]
 
 
 def under_torchrun() -> bool:
