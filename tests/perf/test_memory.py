@@ -86,7 +86,7 @@ def test_per_op_selective_recompute_holds_one_recomputed_layer() -> None:
     tokens = np.array([8192.0])
     per_layer = activation_bytes_per_layer(L3_8B, tokens, ONE, NO, NO, np.zeros(1))[0]
     kept = alternate_matmul_bytes_per_layer(L3_8B, tokens, ONE, NO)[0]
-    logits = 12.0 * 8192 * L3_8B.vocab_size
+    logits = 12.0 * 8192 * L3_8B.vocab_size + 2.0 * 8192 * L3_8B.d_model  # + the head's input
     expected = kept * L3_8B.n_layers + (per_layer - kept) + logits
     got = _memory(Recompute.SELECTIVE, pp=1, selective_alternate=True)
     assert got == pytest.approx(expected)
@@ -97,13 +97,31 @@ def test_per_op_selective_recompute_holds_one_recomputed_layer() -> None:
     [("torchtitan", 12.0), ("megatron-core-te", 6.0), ("composer", 4.0), ("generic", 12.0)],
 )
 def test_logits_hold_the_bytes_of_the_stacks_loss(stack: str, per_logit: float) -> None:
-    """Without a pipeline, the activations are the layers' plus bytes-per-logit x tokens x vocab:
-    12 for an eager fp32 cross-entropy, 6 for Megatron's in-place vocab-parallel one, 4 for a
-    fused kernel on the bf16 logits."""
+    """Without a pipeline, the activations are the layers' plus bytes-per-logit x tokens x vocab
+    (12 for an eager fp32 cross-entropy, 6 for Megatron's in-place vocab-parallel one, 4 for a
+    fused kernel on the bf16 logits) plus the LM head's bf16 input."""
     spec = load_stack(stack)
     assert LOSS_BYTES_PER_LOGIT[spec.cross_entropy] == per_logit
     layout = Layout(gpus=8, global_batch=8, seq_len=4096, micro_batch=1, sharding="fsdp")
     p = predict(L3_8B, H100, LayoutTable.from_layouts([layout]), spec)
     per_layer = activation_bytes_per_layer(L3_8B, np.array([4096.0]), ONE, NO, NO, np.zeros(1))[0]
     logits = float(p["memory_activations_bytes"][0]) - per_layer * L3_8B.n_layers
-    assert logits == pytest.approx(per_logit * 4096 * L3_8B.vocab_size)
+    head_input = 2.0 * 4096 * L3_8B.d_model
+    assert logits == pytest.approx(per_logit * 4096 * L3_8B.vocab_size + head_input)
+
+
+def test_dtensor_tp_keeps_the_gathered_matmul_inputs_megatron_the_local_shard() -> None:
+    """With TP 8 and sequence parallelism, the two norm outputs feeding the column-parallel
+    matmuls are kept whole (2 x tokens x d_model x 2 bytes) by DTensor TP and as a 1/8 shard by
+    Megatron, which gathers them again in backward; the norm inputs are a shard either way."""
+    tokens, tp8, sp = np.array([8192.0]), np.array([8]), np.ones(1, dtype=bool)
+    local = activation_bytes_per_layer(L3_8B, tokens, tp8, sp, NO, np.zeros(1))[0]
+    whole = activation_bytes_per_layer(L3_8B, tokens, tp8, sp, NO, np.zeros(1), True)[0]
+    assert whole - local == pytest.approx(2.0 * 8192 * 2 * L3_8B.d_model * (1 - 1 / 8))
+    assert load_stack("torchtitan").tp_saves_gathered_inputs
+    assert not load_stack("megatron-core-te").tp_saves_gathered_inputs
+    # Without sequence parallelism every rank holds the whole tensors in both frameworks.
+    no_sp = [
+        activation_bytes_per_layer(L3_8B, tokens, tp8, NO, NO, np.zeros(1), g)[0] for g in (0, 1)
+    ]
+    assert no_sp[0] == no_sp[1]

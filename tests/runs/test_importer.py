@@ -212,3 +212,19 @@ def test_explain_lists_every_field_and_the_verdict() -> None:
     lines = read().explain()
     assert any(line.startswith("  -> sharding = fsdp") for line in lines)
     assert lines[-1] == "  used"
+
+
+def test_a_review_sheet_cross_entropy_is_read_and_an_unknown_one_skips_the_row() -> None:
+    """How the loss ran (for a framework version that compiles it) comes from the review sheet,
+    marked assumed; without an entry it is not stated (the stack's applies)."""
+    review = read_review(
+        "where,column,value,kind,reason\n"
+        "source~somewhere & notes~torch\\.compile,cross_entropy,fused,assumed,compiled loss\n"
+    )
+    compiled = read_row(0, {**BASE, "notes": "FlashAttention; torch.compile"}, review)
+    assert compiled.run is not None and compiled.run.cross_entropy == "fused"
+    assert compiled.run.assumed_fields == ["cross_entropy"]
+    eager = read_row(0, BASE, review)
+    assert eager.run is not None and eager.run.cross_entropy is None
+    bad = read_review("where,column,value,kind,reason\nsource~somewhere,cross_entropy,x,stated,y\n")
+    assert read_row(0, BASE, bad).skipped == "unreadable cross_entropy ('x')"

@@ -223,3 +223,13 @@ def test_memory_verdicts_that_rest_on_unstated_values_are_unknown() -> None:
     assert any("no stack profile" in reason for reason in oneflow)
     # llm-foundry row 155 assumes only gpus_per_node, which memory does not read
     assert memory_unstated(by_row[155]) == []
+
+
+def test_a_run_that_says_how_its_loss_ran_overrides_the_stacks_loss() -> None:
+    """torchtitan's June 2025 runs with torch.compile compile the loss (the review sheet, from
+    components/loss.py); its December 2024 runs at 9dec370 do not: the stack's eager fp32 loss."""
+    cases, _ = load_cases()
+    by_row = {c.index: c for c in cases}
+    assert by_row[40].run.cross_entropy == "fused" and by_row[40].stack.cross_entropy == "fused"
+    assert by_row[11].run.cross_entropy is None
+    assert by_row[11].stack.cross_entropy == "fp32-upcast"

@@ -146,6 +146,14 @@ class StackSpec(BaseModel):
         "in place), or one fused kernel on the bf16 logits (flash-attn's cross_entropy, "
         "Liger, a compiled loss)",
     )
+    tp_saves_gathered_inputs: bool = Field(
+        False,
+        description="under sequence parallelism, the column-parallel matmuls keep their "
+        "all-gathered full-sequence input for backward (PyTorch DTensor TP: the mm saves the "
+        "replicated tensor it was given) rather than the local shard that Megatron's "
+        "sequence-parallel linear saves and all-gathers again in backward (Korthikanti et al.'s "
+        "accounting; perf/memory.py)",
+    )
     params: StackParams = Field(default_factory=StackParams)
     fp8_recipe_ratios: dict[str, float] = Field(
         default_factory=dict,

@@ -78,15 +78,27 @@ def activation_bytes_per_layer(
     sequence_parallel: np.ndarray,
     math_attention: np.ndarray,
     heads_seq_elems: np.ndarray,
+    gathered_inputs: bool = False,
 ) -> np.ndarray:
-    """Bytes a layer keeps for backward per micro-batch (bf16), without recompute."""
+    """Bytes a layer keeps for backward per micro-batch (bf16), without recompute.
+
+    Outside the TP-sharded matmuls a block keeps four token x d_model tensors (Korthikanti et
+    al.'s 10 s·b·h less the two dropout masks): the two norms' inputs and the two norm outputs
+    that feed the QKV and FFN-in matmuls. Sequence parallelism shards all four when the
+    framework saves the local shard and gathers it again in backward (Megatron's
+    LinearWithGradAccumulationAndAsyncCommunication); with `gathered_inputs` the matmuls keep
+    the all-gathered full-sequence input (DTensor TP: the mm saves what it was given)."""
     d, kv, ff = model.d_model, model.kv_dim, model.d_ff
     n_up = 2 if model.ffn == "swiglu" else 1
     tp_f = tp.astype(float)
-    replicated = 2.0 * tokens * 4.0 * d  # norm inputs and residual-stream tensors
+    norm_inputs = 2.0 * tokens * 2.0 * d
+    matmul_inputs = 2.0 * tokens * 2.0 * d
     kv_local = kv * model.kv_replication(tp_f) / tp_f  # K/V heads replicated past n_kv_heads
     sharded = 2.0 * tokens * ((2.0 * d + (n_up + 1.0) * ff) / tp_f + 2.0 * kv_local)
-    replicated = np.where(sequence_parallel, replicated / tp_f, replicated)
+    sp_matmul = matmul_inputs if gathered_inputs else matmul_inputs / tp_f
+    replicated = np.where(
+        sequence_parallel, norm_inputs / tp_f + sp_matmul, norm_inputs + matmul_inputs
+    )
     scores = np.where(math_attention, 2.0 * 2.5 * heads_seq_elems, 0.0)
     return replicated + sharded + scores
 
@@ -161,22 +173,33 @@ def _layer_activations(
     math_attention: np.ndarray,
     selective_alternate: bool,
     loss_bytes_per_logit: float,
+    gathered_inputs: bool,
 ) -> LayerActivations:
     tp_f = tp.astype(float)
     tokens = micro_batch * seq_len / cp
     score_elems = micro_batch * (model.n_heads / tp_f) * (seq_len / cp) * seq_len
     per_layer = activation_bytes_per_layer(
-        model, tokens, tp, sequence_parallel, math_attention, score_elems
+        model, tokens, tp, sequence_parallel, math_attention, score_elems, gathered_inputs
     )
     layer_input = 2.0 * tokens * model.d_model / np.where(sequence_parallel, tp_f, 1.0)
     # Selective recompute (Korthikanti et al. 2022) recomputes the attention core, so it frees the
     # score-sized tensors (the 5·a·s/h term): with a flash kernel they are never stored, so nothing.
     selective = activation_bytes_per_layer(
-        model, tokens, tp, sequence_parallel, np.zeros_like(math_attention), score_elems
+        model,
+        tokens,
+        tp,
+        sequence_parallel,
+        np.zeros_like(math_attention),
+        score_elems,
+        gathered_inputs,
     )
     if selective_alternate:
         selective = alternate_matmul_bytes_per_layer(model, tokens, tp, sequence_parallel)
-    logits = loss_bytes_per_logit * tokens * model.vocab_size / tp_f
+    # The LM head's input (the final norm's output), kept for its weight gradient: sharded along
+    # the sequence only where the framework gathers it again in backward.
+    head_input = 2.0 * tokens * model.d_model
+    head_input = np.where(sequence_parallel & (not gathered_inputs), head_input / tp_f, head_input)
+    logits = loss_bytes_per_logit * tokens * model.vocab_size / tp_f + head_input
     return LayerActivations(per_layer, selective, layer_input, logits)
 
 
@@ -201,6 +224,7 @@ def memory_per_gpu(
     moe: MoECost | None = None,
     selective_alternate: bool = False,
     cross_entropy: str = "fp32-upcast",
+    tp_saves_gathered_inputs: bool = False,
     layer_rows: Distinct | None = None,
 ) -> MemoryBreakdown:
     """Peak memory per GPU (bytes) on the most loaded pipeline stage (the first). A MoE model's
@@ -253,13 +277,18 @@ def memory_per_gpu(
     loss = LOSS_BYTES_PER_LOGIT[cross_entropy]
     if layer_rows is None:
         layer = _layer_activations(
-            model, selective_alternate=selective_alternate, loss_bytes_per_logit=loss, **columns
+            model,
+            selective_alternate=selective_alternate,
+            loss_bytes_per_logit=loss,
+            gathered_inputs=tp_saves_gathered_inputs,
+            **columns,
         )
     else:  # once per distinct combination of the columns, spread back to every row
         few = _layer_activations(
             model,
             selective_alternate=selective_alternate,
             loss_bytes_per_logit=loss,
+            gathered_inputs=tp_saves_gathered_inputs,
             **{name: layer_rows.take(column) for name, column in columns.items()},
         )
         layer = LayerActivations(*(layer_rows.back(values) for values in few))

@@ -686,6 +686,7 @@ def predict(
         moe=ctx.moe,
         selective_alternate=ctx.stack.selective_recompute == "alternate-matmuls",
         cross_entropy=ctx.stack.cross_entropy,
+        tp_saves_gathered_inputs=ctx.stack.tp_saves_gathered_inputs,
         layer_rows=ctx.layer_rows,
     )
     power = average_power_w(

@@ -561,6 +561,12 @@ def _read_kernels(r: _Reader, f: dict[str, Any]) -> None:
     else:
         r.note("norm_kernel", None, "not stated: the stack's norm kernel")
     f["norm_kernel"] = norm
+    loss = r.text("cross_entropy").lower() or None
+    if loss is not None and loss not in ("fp32-upcast", "vocab-parallel-fp32", "fused"):
+        raise _SkipError(f"unreadable cross_entropy ({loss!r})")
+    how = r.source_of("cross_entropy") if loss else "not stated: the stack's cross_entropy"
+    r.note("cross_entropy", loss, how)
+    f["cross_entropy"] = loss
 
 
 def _read_measurement(r: _Reader, f: dict[str, Any]) -> None:

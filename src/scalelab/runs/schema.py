@@ -147,6 +147,11 @@ class Run(BaseModel):
         description="RMSNorm as one fused kernel or as eager PyTorch ops (None: not stated; the "
         "stack's `norm_kernel` applies)",
     )
+    cross_entropy: Literal["fp32-upcast", "vocab-parallel-fp32", "fused"] | None = Field(
+        default=None,
+        description="how the loss ran over the logits, where the run or its framework version "
+        "says (config/stack.py `cross_entropy`; None: not stated, the stack's applies)",
+    )
 
     # Measurement -------------------------------------------------------------------------------
     measured_quantity: MeasuredQuantity

@@ -91,7 +91,7 @@ MEMORY_INPUTS = frozenset(
         "n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab_size", "tied_embeddings",
         "seq_len", "gpus", "gpu_memory_gib", "global_batch", "micro_batch", "sharding",
         "hsdp_shard_size", "tp", "sequence_parallel", "pp", "pp_schedule", "virtual_stages", "cp",
-        "recompute", "attention",
+        "recompute", "attention", "cross_entropy",
     }
 )  # fmt: skip
 
@@ -190,6 +190,9 @@ def case_from_run(run: Run) -> RunCase | str:
     if run.norm_kernel is not None and run.norm_kernel != stack.norm_kernel:
         # The run states how its norm ran (a fused kernel, torch.compile, or eager ops).
         stack = stack.model_copy(update={"norm_kernel": run.norm_kernel})
+    if run.cross_entropy is not None and run.cross_entropy != stack.cross_entropy:
+        # The run (or its framework version) says how its loss ran.
+        stack = stack.model_copy(update={"cross_entropy": run.cross_entropy})
     stack = stack.for_recipe(str(run.precision))
     try:
         stack.check(layout)
