@@ -8,6 +8,7 @@ from scalelab.calibrate import CommPoint, StepPoint, _predict_all, _with, fit, p
 from scalelab.config.catalog import load_cluster, load_model
 from scalelab.config.layout import Layout
 from scalelab.results import Record, write_record
+from tests.conftest import run_cli_all
 
 # Without NVLS, so that the one-node sweep's ring steps determine the NVLink step latency.
 _H100 = load_cluster("h100-ib")
@@ -103,31 +104,29 @@ def test_undetermined_parameters_are_reported(tmp_path) -> None:
     assert "net_step_latency_us" not in result.fitted
 
 
-def test_calibrate_cli_writes_a_cluster_that_predict_accepts(cli, tmp_path) -> None:
+def test_calibrate_cli_writes_a_cluster_that_predict_accepts(tmp_path) -> None:
+    """Four CLI processes, the independent ones two at a time (`run_cli_all`)."""
     folder = synthetic_records(tmp_path)
     out = tmp_path / "mine.yaml"
-    r = cli(
-        "calibrate",
-        str(folder),
-        "--base",
-        "h100-ib",
-        "--out",
-        str(out),
-        "--json",
-        "--params",
-        ",".join(TRUTH),
-    )
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
+    some, every_run = run_cli_all(
+        [
+            ("calibrate", str(folder), "--base", "h100-ib", "--out", str(out), "--json",
+             "--params", ",".join(TRUTH)),
+            ("calibrate", str(folder), "--out", str(tmp_path / "all.yaml"), "--json"),
+        ]
+    )  # fmt: skip
+    assert some.returncode == 0, some.stderr
+    doc = json.loads(some.stdout)
     assert doc["fitted"]["gemm_efficiency"] == pytest.approx(0.45, rel=0.1)
-    every = json.loads(
-        cli("calibrate", str(folder), "--out", str(tmp_path / "all.yaml"), "--json").stdout
-    )
+    every = json.loads(every_run.stdout)
     assert every["error_after"] < 0.05  # all free parameters: a fit at least as good
-    base = json.loads(cli("predict", "llama2-1b", "--gpus", "8", "--json").stdout)
-    mine = json.loads(
-        cli("predict", "llama2-1b", "--gpus", "8", "--cluster", str(out), "--json").stdout
+    base_run, mine_run = run_cli_all(
+        [
+            ("predict", "llama2-1b", "--gpus", "8", "--json"),
+            ("predict", "llama2-1b", "--gpus", "8", "--cluster", str(out), "--json"),
+        ]
     )
+    base, mine = json.loads(base_run.stdout), json.loads(mine_run.stdout)
     assert mine["cluster"] == "mine"
     assert mine["step_time_s"] > base["step_time_s"]  # the measurements were slower than the base
 
