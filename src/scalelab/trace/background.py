@@ -88,26 +88,41 @@ SPLIT_MIN_BYTES = 8_000_000
 _SEAM = b"\n  },\n  {"
 
 
-def split_point(data: bytes) -> tuple[int, int] | None:
-    """Where to cut the decompressed JSON of a trace in two near its middle: the end of the
-    first part's last event and the start of the second part's first event; None if the file
-    is not laid out as Kineto writes it. A wrong cut cannot go unnoticed: each part is decoded
-    as a whole document, which fails unless the cut lies between two events of traceEvents."""
+def split_point(data: bytes, at: int | None = None) -> tuple[int, int] | None:
+    """Where to cut the decompressed JSON of a trace in two: the end of the first part's last
+    event and the start of the second part's first event, at the first seam between two events
+    from byte `at` on (default: the middle); None if the file is not laid out as Kineto writes
+    it. A wrong cut cannot go unnoticed: each part is decoded as a whole document, which fails
+    unless the cut lies between two events of traceEvents. The same for any `data` that holds
+    the file's first bytes up to the seam (a prefix gives the same cut as the whole file)."""
     key = data.find(b'"traceEvents"')
     if key < 0:
         return None
-    seam = data.find(_SEAM, max(len(data) // 2, key))
+    seam = data.find(_SEAM, max(len(data) // 2 if at is None else at, key))
     if seam < 0:
         return None
     return seam + 4, seam + len(_SEAM) - 1
+
+
+# The caller's share of a gzipped file split in two (`gather_in_two`): more than half, since
+# the child also inflates the caller's part (gzip is read from its start) and sends its columns.
+CALLER_SHARE = 0.56
+# How far past its share the caller inflates to find the seam after it (an event is < 64 kB).
+_SEAM_SLACK = 1 << 20
 
 
 def gather_in_two(
     path: Path, *, min_bytes: int = SPLIT_MIN_BYTES
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
-    the first half of its events while a forked child does the second half; the parts' columns
-    are merged in file order (`columns.merge`), the same lists as one process would gather.
+    the first part of its events while a forked child does the rest; the parts' columns are
+    merged in file order (`columns.merge`), the same lists as one process would gather.
+
+    A gzipped file is forked before it is inflated: the child inflates all of it (checking its
+    CRC) and decodes the second part, while this process inflates only its own part (its share,
+    `CALLER_SHARE`, up to the next seam) and decodes it. A file whose bytes were read already
+    (prefetched) is cut as it is.
+
     None (the caller reads the file as usual) where that does not apply: no `os.fork`, other
     threads running (forking them is unsafe), a small file, an unusual layout, a part the typed
     decoder cannot read, a CPU trace or a trace without launch calls. Decompressed files under
@@ -116,26 +131,57 @@ def gather_in_two(
 
     if not available() or not _single_threaded():
         return None
-    data = load.read_bytes(path)
-    load.remember(path, data)  # for the caller, if it must read the file after all
-    if len(data) < min_bytes:
+    data = load.take_prefetched(path)
+    packed = None
+    if data is None:
+        try:
+            packed = path.read_bytes()
+        except OSError:
+            return None  # the caller's read says what is wrong
+        if packed[:2] == load.GZIP_MAGIC and len(packed) > 18:
+            # ISIZE, the gzip trailer's uncompressed size modulo 2**32 (so a file over 4 GiB
+            # may look small and be read in one process: slower, not wrong).
+            size = int.from_bytes(packed[-4:], "little")
+        else:
+            data, packed = load.read_bytes(path), None
+            size = len(data)
+    else:
+        size = len(data)
+    if size < min_bytes:
+        if data is None:
+            data = load.read_bytes(path)
+        load.remember(path, data)  # for the caller, who reads it in one process
         return None
-    cut = split_point(data)
-    if cut is None:
-        return None
-    end_a, start_b = cut
+    at = int(size * CALLER_SHARE) if packed is not None else size // 2
+    if data is not None:
+        load.remember(path, data)  # for the caller, if it must read the file after all
+        cut = split_point(data, at)
+        if cut is None:
+            return None
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
         try:
-            payload = _gather_part(path, b'{"traceEvents":[' + data[start_b:])
+            whole = data if data is not None else load.inflate(packed, str(path))
+            found = split_point(whole, at) if len(whole) == size else None
+            payload = (
+                None
+                if found is None
+                else _gather_part(
+                    path, b"".join((b'{"traceEvents":[', memoryview(whole)[found[1] :]))
+                )
+            )
         except BaseException:
             payload = None
         _send(write_end, payload)
     os.close(write_end)
+    mine = None
     try:
-        mine = _gather_part(path, data[:end_a] + b"]}")
+        head = data if data is not None else load.inflate_head(packed, at + _SEAM_SLACK)
+        cut = split_point(head, at)
+        if cut is not None:
+            mine = _gather_part(path, b"".join((memoryview(head)[: cut[0]], b"]}")))
     except Exception:
         mine = None
     theirs = _receive(pid, read_end)
