@@ -163,7 +163,7 @@ def gather_in_two(
     if pid == 0:  # the child: never returns
         os.close(read_end)
         try:
-            whole = data if data is not None else load.inflate(packed, str(path))
+            whole = data if data is not None else load.inflate(packed or b"", str(path))
             found = split_point(whole, at) if len(whole) == size else None
             payload = (
                 None
@@ -178,7 +178,7 @@ def gather_in_two(
     os.close(write_end)
     mine = None
     try:
-        head = data if data is not None else load.inflate_head(packed, at + _SEAM_SLACK)
+        head = data if data is not None else load.inflate_head(packed or b"", at + _SEAM_SLACK)
         cut = split_point(head, at)
         if cut is not None:
             mine = _gather_part(path, b"".join((memoryview(head)[: cut[0]], b"]}")))
