@@ -186,6 +186,22 @@ def test_a_corrupt_gzip_split_in_two_is_reported_as_one_process_does(tmp_path: P
         analyze(bad, workers=2)
 
 
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_a_split_started_ahead_gives_the_same_report() -> None:
+    """The command forks the child for a file's second part before importing the plain
+    analysis (`split_start`, a smaller first part); the report is the one-process report."""
+    from scalelab.trace import plain
+
+    one = plain.report([GPU], split=False)
+    data = load.read_bytes(GPU)
+    load.remember(GPU, data)
+    assert background.split_start(GPU, 0.4)
+    assert str(GPU) in background._splits
+    two = plain.report([GPU], split=True)
+    assert background._splits == {} and load._prefetched == {}
+    assert two.to_dict() == one.to_dict()
+
+
 def test_the_cut_lies_between_two_events() -> None:
     data = load.read_bytes(GPU)
     cut = background.split_point(data)

@@ -20,6 +20,7 @@ import marshal
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,12 +122,49 @@ def gather_in_two(
     A gzipped file is forked before it is inflated: the child inflates all of it (checking its
     CRC) and decodes the second part, while this process inflates only its own part (its share,
     `CALLER_SHARE`, up to the next seam) and decodes it. A file whose bytes were read already
-    (prefetched) is cut as it is.
+    (prefetched) is cut as it is, at its middle; a child started earlier for it (`split_start`)
+    is the one waited for.
 
     None (the caller reads the file as usual) where that does not apply: no `os.fork`, other
     threads running (forking them is unsafe), a small file, an unusual layout, a part the typed
     decoder cannot read, a CPU trace or a trace without launch calls. Decompressed files under
     `min_bytes` are left to one process."""
+    split = _splits.pop(str(path), None)
+    if split is None:
+        split = _fork(path, min_bytes, None)
+    if split is None:
+        return None
+    return _finish(path, split)
+
+
+# path -> a split started ahead (`split_start`): see `_Split`
+_splits: dict[str, _Split] = {}
+
+
+@dataclass(eq=False)
+class _Split:
+    """A forked child decoding a file's second part, from byte `at` on."""
+
+    pid: int
+    read_end: int
+    at: int
+    data: bytes | None  # the whole file's bytes, or None: the caller inflates its own part
+    packed: bytes | None
+
+
+def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
+    """Fork the child that decodes the part of a file after its first `share` now (the file's
+    bytes read and remembered, `load.remember`), so that it decodes while this process does
+    something else first (a command's imports); `gather_in_two` later decodes this process's
+    part and merges. False if no child was started (see `gather_in_two`)."""
+    split = _fork(path, min_bytes, share)
+    if split is None:
+        return False
+    _splits[str(path)] = split
+    return True
+
+
+def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
     from scalelab.trace import load
 
     if not available() or not _single_threaded():
@@ -152,11 +190,12 @@ def gather_in_two(
             data = load.read_bytes(path)
         load.remember(path, data)  # for the caller, who reads it in one process
         return None
-    at = int(size * CALLER_SHARE) if packed is not None else size // 2
+    if share is None:
+        share = CALLER_SHARE if packed is not None else 0.5
+    at = int(size * share)
     if data is not None:
         load.remember(path, data)  # for the caller, if it must read the file after all
-        cut = split_point(data, at)
-        if cut is None:
+        if split_point(data, at) is None:
             return None
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -176,15 +215,25 @@ def gather_in_two(
             payload = None
         _send(write_end, payload)
     os.close(write_end)
+    return _Split(pid, read_end, at, data, packed)
+
+
+def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
+    """This process's part of a split, the child's columns, merged."""
+    from scalelab.trace import load
+
+    data, at = split.data, split.at
     mine = None
     try:
-        head = data if data is not None else load.inflate_head(packed or b"", at + _SEAM_SLACK)
+        head = (
+            data if data is not None else load.inflate_head(split.packed or b"", at + _SEAM_SLACK)
+        )
         cut = split_point(head, at)
         if cut is not None:
             mine = _gather_part(path, b"".join((memoryview(head)[: cut[0]], b"]}")))
     except Exception:
         mine = None
-    theirs = _receive(pid, read_end)
+    theirs = _receive(split.pid, split.read_end)
     if mine is None or theirs is None:
         return None
     from scalelab.trace.columns import Columns, merge
