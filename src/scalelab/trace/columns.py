@@ -234,13 +234,15 @@ def buckets(
     """
     found: list[list[Any]] = [[], [], [], [], [], []]
     appends = [b.append for b in found]
-    code = _CATEGORY_CODE.get
+    # category -> its bucket's append (one lookup and a call per event, no index)
+    append_to = {cat: appends[code] for cat, code in _CATEGORY_CODE.items()}.get
+    other = appends[0]
     if typed:
         for ev in events:
-            appends[code(ev.cat, 0)](ev)
+            append_to(ev.cat, other)(ev)
     else:
         for ev in events:
-            appends[code(ev.get("cat"), 0)](ev)
+            append_to(ev.get("cat"), other)(ev)
     others = found[0]
     if typed:
         names: list[Any] = list(map(attrgetter("name"), others))
