@@ -16,6 +16,7 @@ reports any error as it always does.
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import sys
@@ -276,6 +277,45 @@ def _gather_part(path: Path, blob: bytes) -> tuple[Any, dict[str, Any]] | None:
     return found, metadata
 
 
+# Children that had sent their columns but had not exited yet when their pipe closed.
+_unreaped: list[int] = []
+
+
+def _reap(pid: int) -> None:
+    """Collect a child that has sent its columns, without waiting for its exit: the kernel
+    frees a large child's memory before it is reaped (3-6 ms on a100-ddp and a100-rank0-of-16
+    on the build machine), which the caller need not wait for. One not yet gone is collected
+    at the next fork or at this process's exit."""
+    _reap_finished()
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # already collected (a SIGCHLD handler of the caller's own)
+        return
+    if done == 0:
+        if not _unreaped:
+            import atexit
+
+            atexit.register(_reap_all)
+        _unreaped.append(pid)
+
+
+def _reap_finished() -> None:
+    for pid in list(_unreaped):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _unreaped.remove(pid)
+
+
+def _reap_all() -> None:
+    while _unreaped:
+        pid = _unreaped.pop()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 def _send(write_end: int, payload: Any) -> None:
     """The child's last act: the payload (plain values) into the pipe, then exit."""
     try:
@@ -290,7 +330,7 @@ def _send(write_end: int, payload: Any) -> None:
 def _receive(pid: int, read_end: int) -> Any:
     with os.fdopen(read_end, "rb") as pipe:
         data = pipe.read()
-    os.waitpid(pid, 0)
+    _reap(pid)
     try:
         return marshal.loads(data) if data else None
     except (EOFError, ValueError, TypeError):
