@@ -106,12 +106,13 @@ def split_point(data: bytes, at: int | None = None) -> tuple[int, int] | None:
     return seam + 4, seam + len(_SEAM) - 1
 
 
-# The caller's share of a gzipped file split in two (`gather_in_two`): a little more than half.
-# The child also inflates the caller's part (gzip is read from its start) and sends its columns;
-# the caller frees its part's events, which the child never does (it leaves with os._exit).
-# CPU time of each side, a100-ddp / a100-rank0-of-16 (load ~4): at 0.50, child 41 / 115 ms
-# and caller 38 / 103 ms; at 0.56, 35 / 99 and 44 / 112.
-CALLER_SHARE = 0.52
+# The caller's share of a gzipped file split in two (`gather_in_two`). The child also inflates
+# the caller's part (gzip is read from its start) and sends its columns through the pipe; the
+# caller frees its part's events (the child leaves with os._exit) and pays copy-on-write for
+# the pages it writes while the child lives. By CPU time alone (load ~4) 0.52 balanced them; live
+# (load ~0.7: a100-ddp, a100-rank0-of-16) at 0.52 the child finished decoding 7-8 ms before the
+# caller, at 0.48 with it, and the columns arrived 5-13 ms later either way: half it is.
+CALLER_SHARE = 0.5
 # How far past its share the caller inflates to find the seam after it (an event is < 64 kB).
 _SEAM_SLACK = 1 << 20
 
