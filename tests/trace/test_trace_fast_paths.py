@@ -202,6 +202,25 @@ def test_a_split_started_ahead_gives_the_same_report() -> None:
     assert two.to_dict() == one.to_dict()
 
 
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_a_part_without_device_events_is_still_a_typed_part() -> None:
+    """rank3-of-8 writes its host events first: a first part cut before 47 % of the file holds
+    no kernel. It is still a part of a GPU trace (typed columns, not a CPU trace's dicts), so
+    the merged columns are one process's and the command's plain path takes them."""
+    from scalelab.trace import plain
+
+    path = TRACES / "rank3-of-8.json.gz"
+    raw = load.read_trace(path)
+    whole = gather(raw)
+    assert isinstance(whole, Columns)
+    load.remember(path, load.read_bytes(path))
+    assert background.split_start(path, 0.2)
+    taken = background.gather_in_two(path)
+    assert taken is not None
+    assert taken[0].typed and taken[0].to_tuple() == whole.to_tuple()
+    assert plain.rank_report(*taken).to_dict() == plain.rank_report(whole, raw.metadata).to_dict()
+
+
 def test_the_cut_lies_between_two_events() -> None:
     data = load.read_bytes(GPU)
     cut = background.split_point(data)

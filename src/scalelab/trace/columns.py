@@ -99,7 +99,7 @@ def gather(raw: RawTrace, *, part: bool = False) -> Columns | CpuTrace:
     if raw.typed:
         from scalelab.trace import schema
 
-        if not kernels and not copies:  # a CPU trace: its few host events, as dicts
+        if not kernels and not copies and not part:  # a CPU trace: its host events, as dicts
             raw = RawTrace(
                 raw.path,
                 [schema.as_dict(ev) for ev in events if ev.__class__ is schema.Event],
