@@ -286,7 +286,7 @@ def _reap(pid: int) -> None:
     """Collect a child that has sent its columns, without waiting for its exit: the kernel
     frees a large child's memory before it is reaped (3-6 ms on a100-ddp and a100-rank0-of-16
     on the build machine), which the caller need not wait for. One not yet gone is collected
-    at the next fork or at this process's exit."""
+    when the next split ends or at this process's exit."""
     _reap_finished()
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
