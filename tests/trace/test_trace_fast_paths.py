@@ -16,6 +16,7 @@ import pytest
 from trace_helpers import TRACES, real
 
 from scalelab.cli import main
+from scalelab.errors import InputError
 from scalelab.trace import analyze, background, load
 from scalelab.trace.columns import Columns, CpuTrace, gather
 from scalelab.trace.extract import extract
@@ -154,6 +155,70 @@ def test_two_processes_gather_the_same_columns_as_one(name: str) -> None:
     assert merged.to_tuple() == whole.to_tuple()
     assert metadata == load.read_trace(path).metadata
     assert load._prefetched == {}
+
+
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_two_processes_from_bytes_already_read(tmp_path: Path) -> None:
+    """Bytes a command prefetched are cut as they are (not inflated again); an uncompressed
+    file is cut at its middle; both gather what one process does."""
+    whole = gather(load.read_trace(GPU))
+    assert isinstance(whole, Columns)
+    load.remember(GPU, load.read_bytes(GPU))
+    taken = background.gather_in_two(GPU)
+    assert taken is not None and taken[0].to_tuple() == whole.to_tuple()
+    assert load._prefetched == {}
+    plain_json = tmp_path / "a100-ddp-rank0-of-2.json"
+    plain_json.write_bytes(load.read_bytes(GPU))
+    taken = background.gather_in_two(plain_json)
+    assert taken is not None and taken[0].to_tuple()[1:] == whole.to_tuple()[1:]
+
+
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_a_corrupt_gzip_split_in_two_is_reported_as_one_process_does(tmp_path: Path) -> None:
+    """The caller inflates only its part (no CRC); the child inflates all and checks it: a
+    corrupt file gives no columns, and the caller's own read says what is wrong."""
+    packed = bytearray(GPU.read_bytes())
+    packed[-8] ^= 0xFF  # the gzip trailer's CRC-32
+    bad = tmp_path / "bad-rank0.json.gz"
+    bad.write_bytes(bytes(packed))
+    assert background.gather_in_two(bad) is None
+    with pytest.raises(InputError, match="corrupt gzip"):
+        analyze(bad, workers=2)
+
+
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_a_split_started_ahead_gives_the_same_report() -> None:
+    """The command forks the child for a file's second part before importing the plain
+    analysis (`split_start`, a smaller first part); the report is the one-process report."""
+    from scalelab.trace import plain
+
+    one = plain.report([GPU], split=False)
+    data = load.read_bytes(GPU)
+    load.remember(GPU, data)
+    assert background.split_start(GPU, 0.4)
+    assert str(GPU) in background._splits
+    two = plain.report([GPU], split=True)
+    assert background._splits == {} and load._prefetched == {}
+    assert two.to_dict() == one.to_dict()
+
+
+@pytest.mark.skipif(not background.available(), reason="no os.fork here")
+def test_a_part_without_device_events_is_still_a_typed_part() -> None:
+    """rank3-of-8 writes its host events first: a first part cut before 47 % of the file holds
+    no kernel. It is still a part of a GPU trace (typed columns, not a CPU trace's dicts), so
+    the merged columns are one process's and the command's plain path takes them."""
+    from scalelab.trace import plain
+
+    path = TRACES / "rank3-of-8.json.gz"
+    raw = load.read_trace(path)
+    whole = gather(raw)
+    assert isinstance(whole, Columns)
+    load.remember(path, load.read_bytes(path))
+    assert background.split_start(path, 0.2)
+    taken = background.gather_in_two(path)
+    assert taken is not None
+    assert taken[0].typed and taken[0].to_tuple() == whole.to_tuple()
+    assert plain.rank_report(*taken).to_dict() == plain.rank_report(whole, raw.metadata).to_dict()
 
 
 def test_the_cut_lies_between_two_events() -> None:

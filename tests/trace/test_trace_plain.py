@@ -110,3 +110,17 @@ def test_a_file_over_the_size_limit_takes_the_numpy_analysis(
 
 
 _real_rank_report = plain.rank_report
+
+
+def test_microseconds_to_nanoseconds_in_bulk_is_one_by_one() -> None:
+    """`_to_ns` (C-level maps) gives `_us_to_ns` of each value (whole and fraction apart), on
+    timestamps of every magnitude, with up to three decimals and with none."""
+    import random
+
+    rng = random.Random(14)
+    values = [rng.random() * 10 ** rng.randint(0, 15) for _ in range(20_000)]
+    values += [round(rng.random() * 2e12, 3) for _ in range(20_000)]
+    values += [0.0, 0.0005, 0.0015, 0.5, 1.0, 2.5, 4458676983543.183, 1661203463029566.0]
+    values += [2.0**52, 2.0**53 - 1]
+    assert plain._to_ns(values) == [plain._us_to_ns(v) for v in values]
+    assert plain._to_ns([-1.5, 2.0]) == [plain._us_to_ns(-1.5), 2000]

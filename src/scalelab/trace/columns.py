@@ -99,7 +99,7 @@ def gather(raw: RawTrace, *, part: bool = False) -> Columns | CpuTrace:
     if raw.typed:
         from scalelab.trace import schema
 
-        if not kernels and not copies:  # a CPU trace: its few host events, as dicts
+        if not kernels and not copies and not part:  # a CPU trace: its host events, as dicts
             raw = RawTrace(
                 raw.path,
                 [schema.as_dict(ev) for ev in events if ev.__class__ is schema.Event],
@@ -234,13 +234,15 @@ def buckets(
     """
     found: list[list[Any]] = [[], [], [], [], [], []]
     appends = [b.append for b in found]
-    code = _CATEGORY_CODE.get
+    # category -> its bucket's append (one lookup and a call per event, no index)
+    append_to = {cat: appends[code] for cat, code in _CATEGORY_CODE.items()}.get
+    other = appends[0]
     if typed:
         for ev in events:
-            appends[code(ev.cat, 0)](ev)
+            append_to(ev.cat, other)(ev)
     else:
         for ev in events:
-            appends[code(ev.get("cat"), 0)](ev)
+            append_to(ev.get("cat"), other)(ev)
     others = found[0]
     if typed:
         names: list[Any] = list(map(attrgetter("name"), others))

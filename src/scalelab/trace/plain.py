@@ -212,12 +212,14 @@ def _to_ns(ts: list[float]) -> list[int]:
     """`_us_to_ns` of many finite floats; for non-negative ones (every real trace) `modf`
     splits them as `floor` does, and C-level maps do the rest."""
     if ts and min(ts) >= 0.0:
-        fraction, whole = zip(*map(math.modf, ts), strict=True)
+        # int() truncates, which is floor for t >= 0; t - whole is exact (whole < 2^53 is a
+        # float exactly, and within a factor of two of t when t >= 1), as modf's fraction.
+        whole = list(map(int, ts))
         return list(
             map(
                 add,
-                map(mul, map(int, whole), repeat(1000)),
-                map(round, map(mul, fraction, repeat(1000.0))),
+                map(mul, whole, repeat(1000)),
+                map(round, map(mul, map(sub, ts, whole), repeat(1000.0))),
             )
         )
     return list(map(_us_to_ns, ts))
