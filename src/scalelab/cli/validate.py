@@ -89,7 +89,7 @@ def validate(
     rho = report.median_spearman
     console.print(
         f"runs within ±20 %: {report.within_20_pct * 100:.0f} %; median Spearman ρ of layouts within "
-        f"{report.sweeps} sweeps: {'n/a' if rho is None else f'{rho:+.2f}'}"
+        f"{report.sweeps} sweeps: {'n/a' if rho is None else f'{rho:+.3f}'}"
     )
     mem = report.memory
     line = (
