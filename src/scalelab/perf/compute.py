@@ -104,15 +104,13 @@ def layer_compute(
         attention=attention,
     )
     groups = rows if rows is not None else layer_rows(**columns)
+    given = columns if groups is None else groups.take_columns(columns)
+    computed = _layer_compute(model, cluster, eager_norm=eager_norm, **given)
     if groups is None:
-        return _layer_compute(model, cluster, eager_norm=eager_norm, **columns)
-    few = _layer_compute(
-        model,
-        cluster,
-        eager_norm=eager_norm,
-        **{name: groups.take(column) for name, column in columns.items()},
+        return computed
+    return LayerCompute(
+        **{f.name: groups.back(getattr(computed, f.name)) for f in fields(computed)}
     )
-    return LayerCompute(**{f.name: groups.back(getattr(few, f.name)) for f in fields(few)})
 
 
 def layer_rows(

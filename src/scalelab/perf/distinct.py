@@ -8,6 +8,8 @@ batch of layouts: computing on one row per combination and indexing back gives t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 # Keys spanning at most this many values are grouped with a lookup table (no sort).
@@ -32,6 +34,10 @@ class Distinct:
     def take(self, column: np.ndarray) -> np.ndarray:
         """One value per distinct combination."""
         return np.asarray(column)[self.first]
+
+    def take_columns(self, columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`take` of each named column."""
+        return {name: self.take(column) for name, column in columns.items()}
 
     def back(self, values: np.ndarray) -> np.ndarray:
         """Per-combination values spread back to every row."""

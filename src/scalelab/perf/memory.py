@@ -274,24 +274,16 @@ def memory_per_gpu(
         sequence_parallel=sequence_parallel,
         math_attention=math_attention,
     )
-    loss = LOSS_BYTES_PER_LOGIT[cross_entropy]
-    if layer_rows is None:
-        layer = _layer_activations(
-            model,
-            selective_alternate=selective_alternate,
-            loss_bytes_per_logit=loss,
-            gathered_inputs=tp_saves_gathered_inputs,
-            **columns,
-        )
-    else:  # once per distinct combination of the columns, spread back to every row
-        few = _layer_activations(
-            model,
-            selective_alternate=selective_alternate,
-            loss_bytes_per_logit=loss,
-            gathered_inputs=tp_saves_gathered_inputs,
-            **{name: layer_rows.take(column) for name, column in columns.items()},
-        )
-        layer = LayerActivations(*(layer_rows.back(values) for values in few))
+    # With `layer_rows`: once per distinct combination of the columns, spread back to every row.
+    layer = _layer_activations(
+        model,
+        selective_alternate=selective_alternate,
+        loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT[cross_entropy],
+        gathered_inputs=tp_saves_gathered_inputs,
+        **(columns if layer_rows is None else layer_rows.take_columns(columns)),
+    )
+    if layer_rows is not None:
+        layer = LayerActivations(*(layer_rows.back(values) for values in layer))
     per_layer, selective, layer_input = layer.per_layer, layer.selective, layer.layer_input
     if moe is not None:
         per_layer = per_layer + moe.activation_bytes
