@@ -23,9 +23,6 @@ import torch.distributed as dist
 
 from scalelab import collectives as coll
 
-# Sizes are parsed without torch (measure.config), so that `scalelab comm` rejects them at once.
-from scalelab.measure.config import parse_size, parse_sizes  # noqa: F401
-
 COLLECTIVES = coll.BENCHMARKED
 
 

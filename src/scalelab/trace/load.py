@@ -153,16 +153,12 @@ def forget(path: Path) -> None:
 
 def read_bytes(path: Path) -> bytes:
     """A trace file's bytes, decompressed (or those prefetched or remembered for it)."""
-    data = _take_prefetched(path)
+    data = take_prefetched(path)
     return _read_bytes(path) if data is None else data
 
 
 def take_prefetched(path: Path) -> bytes | None:
     """The bytes prefetched or remembered for this file (then forgotten), or None."""
-    return _take_prefetched(path)
-
-
-def _take_prefetched(path: Path) -> bytes | None:
     global _prefetch_thread
     if _prefetch_thread is None:
         return _prefetched.pop(str(path), None)
@@ -205,15 +201,10 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as exc:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == GZIP_MAGIC:
-        data = _gunzip(data, where)
+        data = inflate(data, where)
     if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
-
-
-def inflate(data: bytes, where: str) -> bytes:
-    """A gzip file's bytes decompressed (InputError if corrupt or truncated)."""
-    return _gunzip(data, where)
 
 
 def inflate_head(data: bytes, size: int) -> bytes:
@@ -222,9 +213,10 @@ def inflate_head(data: bytes, size: int) -> bytes:
     return bytes(_inflate.decompressobj(31).decompress(data, size))
 
 
-def _gunzip(data: bytes, where: str) -> bytes:
-    """Decompress a gzip file in one call: with ISA-L (the `isal` package, the `fast` extra:
-    2-3x faster) when installed, else zlib; the gzip trailer's CRC is checked by either."""
+def inflate(data: bytes, where: str) -> bytes:
+    """A gzip file's bytes decompressed in one call (InputError if corrupt or truncated): with
+    ISA-L (the `isal` package, the `fast` extra: 2-3x faster) when installed, else zlib; the gzip
+    trailer's CRC is checked by either."""
     try:
         decompressor = _inflate.decompressobj(31)  # 31: a gzip header and trailer
         out = decompressor.decompress(data)
