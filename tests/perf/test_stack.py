@@ -147,7 +147,7 @@ def test_unknown_stack_and_a_stack_file(tmp_path: Path) -> None:
         ("Megatron-LM (April 2021)", "megatron-lm-2021"),
         ("llm-foundry / Composer (Jan 2024)", "composer"),
         ("Aleph Alpha Megatron-based codebase", "aleph-alpha-scaling"),
-        ("OneFlow-GPT (2021)", None),
+        ("OneFlow-GPT (2021)", "oneflow-gpt"),
     ],
 )
 def test_the_stack_a_run_states_is_read(text: str, stack: str | None) -> None:
