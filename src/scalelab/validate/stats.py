@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+K = TypeVar("K", bound=Hashable)
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -36,14 +38,14 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def sweep_rhos(
-    sweeps: Sequence[Hashable], predicted: np.ndarray, measured: np.ndarray
-) -> dict[Hashable, tuple[int, float]]:
+    sweeps: Sequence[K], predicted: np.ndarray, measured: np.ndarray
+) -> dict[K, tuple[int, float]]:
     """(runs, rho) of predicted against measured for each sweep (rows with the same key) of at
     least 3 runs whose measured and predicted values both vary, in first-seen order."""
-    groups: dict[Hashable, list[int]] = defaultdict(list)
+    groups: dict[K, list[int]] = defaultdict(list)
     for i, key in enumerate(sweeps):
         groups[key].append(i)
-    out: dict[Hashable, tuple[int, float]] = {}
+    out: dict[K, tuple[int, float]] = {}
     for key, idx in groups.items():
         if len(idx) >= 3:
             rho = spearman(predicted[idx], measured[idx])
