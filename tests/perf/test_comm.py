@@ -218,3 +218,19 @@ def test_nvls_tree_all_reduce_across_two_nodes_from_nccl_218() -> None:
     a100 = load_cluster("a100-ib")
     c = comm.collective_time(comm.ALL_REDUCE, np.array([nbytes]), g, a100)[0]
     assert c >= nbytes * 2 * 15 / 16 / (a100.nic_bytes_per_s_per_gpu * 8)
+
+
+def test_a_switchless_mesh_joins_a_pair_by_its_own_links() -> None:
+    """DGX-1's hybrid cube-mesh (v100-ib, `nvlink_pair_fraction` 1/6): a two-GPU group inside
+    the node has one of a V100's six NVLinks (GPU 0 and 1 are NV1), so a bandwidth-bound
+    AllReduce takes about 6x as long as with a switch; groups of 4 and 8 are unchanged."""
+    mesh = load_cluster("v100-ib")
+    assert mesh.nvlink_pair_fraction == pytest.approx(1 / 6, rel=1e-3)
+    switched = mesh.model_copy(update={"nvlink_pair_fraction": 1.0})
+    nbytes = np.array([1e9])
+    for ranks, ratio in ((2, 6.0), (4, 1.0), (8, 1.0)):
+        group = comm.group_shape(np.array([ranks]), np.array([1]), mesh)
+        slow = comm.collective_time(comm.ALL_REDUCE, nbytes, group, mesh)[0]
+        group = comm.group_shape(np.array([ranks]), np.array([1]), switched)
+        fast = comm.collective_time(comm.ALL_REDUCE, nbytes, group, switched)[0]
+        assert slow / fast == pytest.approx(ratio, rel=0.02)

@@ -147,7 +147,7 @@ def test_unknown_stack_and_a_stack_file(tmp_path: Path) -> None:
         ("Megatron-LM (April 2021)", "megatron-lm-2021"),
         ("llm-foundry / Composer (Jan 2024)", "composer"),
         ("Aleph Alpha Megatron-based codebase", "aleph-alpha-scaling"),
-        ("OneFlow-GPT (2021)", None),
+        ("OneFlow-GPT (2021)", "oneflow-gpt"),
     ],
 )
 def test_the_stack_a_run_states_is_read(text: str, stack: str | None) -> None:
@@ -232,3 +232,39 @@ def test_torchtitan_selective_recompute_keeps_every_other_matmul_and_recomputes_
     d, kv, ff = model.d_model, model.kv_dim, model.d_ff
     assert kept[0] == pytest.approx(2 * tokens[0] * (d + kv + ff + d + d + d))
     assert b["memory_activations_bytes"] < a["memory_activations_bytes"]
+
+
+def _v100_row(model: str, layout: Layout, stack: str) -> dict:
+    table = LayoutTable.from_layouts([layout])
+    return predict(load_model(model), load_cluster("v100-ib"), table, load_stack(stack)).row(0)
+
+
+def test_oneflow_reduces_on_the_compute_stream_only_with_model_parallelism() -> None:
+    """OneFlow-GPT turns on nccl_use_compute_stream when tp x pp > 1: the gradient AllReduce is
+    then serialised with compute (all of it exposed); with data parallelism alone NCCL keeps its
+    own stream and the reduction overlaps backward as the generic stack's does. Either way it
+    moves fp16 gradients: half the generic stack's fp32 bytes."""
+    dp_only = Layout(gpus=32, global_batch=64, seq_len=2048, micro_batch=2, sharding="ddp")
+    hybrid = Layout(gpus=32, global_batch=32, seq_len=2048, micro_batch=8, sharding="ddp", tp=8)
+    for layout in (dp_only, hybrid):
+        of, generic = (
+            _v100_row("llama2-1b", layout, "oneflow-gpt"),
+            _v100_row("llama2-1b", layout, "generic"),
+        )
+        assert 0.4 < of["dp_grad_reduce_s"] / generic["dp_grad_reduce_s"] < 0.6
+    of = _v100_row("llama2-1b", hybrid, "oneflow-gpt")
+    assert of["dp_grad_reduce_exposed_s"] == pytest.approx(of["dp_grad_reduce_s"], rel=1e-6)
+    of = _v100_row("llama2-1b", dp_only, "oneflow-gpt")
+    assert of["dp_grad_reduce_exposed_s"] < 0.5 * of["dp_grad_reduce_s"]
+
+
+def test_oneflow_pipeline_copies_overlap_compute() -> None:
+    """PipelineBufferPass double-buffers the cross-stage copies: only warm-up and cool-down
+    transfers stay exposed, so send/recv costs less than the generic stack's."""
+    layout = Layout(gpus=32, global_batch=512, seq_len=2048, micro_batch=8, tp=8, pp=2)
+    of, generic = (
+        _v100_row("llama2-1b", layout, "oneflow-gpt"),
+        _v100_row("llama2-1b", layout, "generic"),
+    )
+    assert of["pp_p2p_s"] < generic["pp_p2p_s"]
+    assert of["step_time_s"] < generic["step_time_s"]

@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+import numpy as np
+
 
 def test_validate_reaches_the_accuracy_target(cli) -> None:
     r = cli("validate", "--json")
@@ -19,6 +21,8 @@ def test_validate_reaches_the_accuracy_target(cli) -> None:
     assert doc["mape_tokens_per_gpu"] <= 0.15
     assert doc["median_spearman_within_sweeps"] > 0.6
     assert doc["rows_predicted_not_to_fit"] < 0.2 * doc["rows_used"]
+    # Without --cross-validate each sweep has its in-sample rho and no held-out one.
+    assert all(s["spearman_held_out"] is None for s in doc["sweep_spearman"])
 
 
 def test_cross_validate_adds_held_out_errors_per_source(cli) -> None:
@@ -32,6 +36,16 @@ def test_cross_validate_adds_held_out_errors_per_source(cli) -> None:
         assert stats["rows"] > 0 and stats["mape"] > 0 and stats["clusters"]
     # held out is harder than in sample, but not absurd
     assert doc["mape_tokens_per_gpu"] < cv["mape_tokens_per_gpu"] < 0.5
+    # Each sweep is listed with its runs and rho in-sample and held out; the medians are theirs.
+    sweeps = doc["sweep_spearman"]
+    assert len(sweeps) == doc["sweeps"]
+    assert {"source", "model", "gpu", "seq_len", "runs", "spearman", "spearman_held_out"} <= set(
+        sweeps[0]
+    )
+    assert all(s["runs"] >= 3 and -1 <= s["spearman_held_out"] <= 1 for s in sweeps)
+    assert [s["spearman"] for s in sweeps] == sorted(s["spearman"] for s in sweeps)
+    assert float(np.median([s["spearman"] for s in sweeps])) == doc["spearman_median"]
+    assert float(np.median([s["spearman_held_out"] for s in sweeps])) == cv["spearman_median"]
 
 
 def test_validate_skips_rows_it_cannot_read_with_a_reason(cli, tmp_path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scalelab.validate.stats import by_source, memory_comparison, sweep_spearman
+from scalelab.validate.stats import by_source, memory_comparison, sweep_rhos, sweep_spearman
 
 
 def test_by_source_by_hand() -> None:
@@ -44,3 +44,13 @@ def test_a_run_predicted_not_to_fit_on_values_it_does_not_state_is_unknown() -> 
     assert out["predicted_not_to_fit"] == 2
     assert out["predicted_not_to_fit_on_stated_inputs"] == 1
     assert out["unknown"] == [{"row": 4, "reasons": ["recompute not stated"]}]
+
+
+def test_sweep_rhos_names_each_sweep_with_its_runs() -> None:
+    keys = ["a", "a", "a", "b", "b", "b", "b", "c", "c"]
+    measured = np.array([1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 4.0, 1.0, 2.0])
+    predicted = np.array([1.0, 2.0, 3.0, 4.0, 3.0, 2.0, 1.0, 1.0, 2.0])
+    rhos = sweep_rhos(keys, predicted, measured)
+    assert list(rhos) == ["a", "b"]  # "c" has 2 runs
+    assert rhos["a"] == (3, pytest.approx(1.0)) and rhos["b"] == (4, pytest.approx(-1.0))
+    assert sweep_spearman(keys, predicted, measured) == [rho for _, rho in rhos.values()]

@@ -279,6 +279,16 @@ class ClusterSpec(BaseModel):
     nic_gbps: float = Field(
         gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
     )
+    nvlink_pair_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="fraction of a GPU's NVLink bandwidth that joins it to the other GPU of a "
+        "two-GPU group inside the NVLink domain, for the least-connected such pair: 1 where a "
+        "switch gives every pair the full rate (NVSwitch); a mesh without a switch joins a pair "
+        "only by the links between the two (DGX-1's hybrid cube-mesh: 1 of a V100's 6 NVLinks "
+        "for GPU 0 and GPU 1, `nvidia-smi topo -m`: NV1)",
+    )
     nccl_version: str = Field(
         "2.20.5",
         description="the NCCL release the stack ships (PyTorch 2.3.1 wheels bundle 2.20.5); its "

@@ -116,6 +116,21 @@ class StackSpec(BaseModel):
         "reduction of every gradient after the last backward, exposed (an optimizer-step "
         "all-reduce)",
     )
+    grad_reduce_overlap_with_model_parallel: bool = Field(
+        True,
+        description="with tensor or pipeline parallelism (tp x pp > 1) the data-parallel gradient "
+        "reduction still overlaps backward as `grad_reduce_overlap` says; False: the framework "
+        "then issues its collectives on the compute stream (OneFlow's nccl_use_compute_stream), "
+        "so every gradient reduction is serialised with compute, exposed",
+    )
+    grad_reduce_bytes: float = Field(
+        4.0,
+        gt=0,
+        description="bytes per gradient element the data-parallel reduction moves: 4 where "
+        "gradients are reduced in fp32 (FSDP2's reduce_dtype fp32, Megatron's fp32 main "
+        "gradients), 2 where the framework reduces the half-precision gradients before widening "
+        "them to the fp32 master weights",
+    )
     zero1_grad_reduce: Literal["reduce_scatter", "all_reduce"] = Field(
         "reduce_scatter",
         description="how ZeRO-1 reduces gradients: a ReduceScatter into each rank's partition, "
@@ -175,6 +190,14 @@ class StackSpec(BaseModel):
         schedule; Megatron after the last micro-batch)."""
         codes = [s.code for s in self.microbatch_grad_sync]
         return np.isin(table.sharding, codes) & (table.pp == 1)
+
+    def grad_reduce_overlaps(self, table: LayoutTable) -> np.ndarray | bool:
+        """Whether each layout's gradient reduction overlaps backward: `grad_reduce_overlap`,
+        except with tp x pp > 1 in a stack that then runs its collectives on the compute stream
+        (`grad_reduce_overlap_with_model_parallel` False). One bool when no layout differs."""
+        if not self.grad_reduce_overlap or self.grad_reduce_overlap_with_model_parallel:
+            return self.grad_reduce_overlap
+        return np.asarray((table.tp * table.pp) <= 1)
 
     def unfitted(self) -> StackSpec:
         """This stack without the numbers fitted to measurements (behaviours stay)."""

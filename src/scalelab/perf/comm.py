@@ -171,6 +171,11 @@ def bus_bandwidth(collective: str, group: GroupShape, cluster: ClusterSpec) -> n
     if hit is not None and hit[0] is cluster:
         return hit[1]
     nvlink = gpu.nvlink_bytes_per_s * p.nvlink_bus_efficiency * np.ones(group.ranks.shape)
+    if cluster.nvlink_pair_fraction < 1.0:
+        # Without an NVLink switch two GPUs share only the links joining them (`ClusterSpec`).
+        nvlink = np.where(
+            np.asarray(group.ranks_per_domain) == 2, nvlink * cluster.nvlink_pair_fraction, nvlink
+        )
     if nvls:
         nvlink = nvlink * _NVLS_GAIN
     domains = group.domains

@@ -34,7 +34,6 @@ from scalelab.perf import comm
 from scalelab.perf import moe as moe_mod
 from scalelab.perf.compute import (
     BF16_BYTES,
-    FP32_BYTES,
     LayerCompute,
     layer_compute,
     layer_rows,
@@ -45,7 +44,6 @@ from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
 from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatches
 
-GRAD_REDUCE_BYTES = FP32_BYTES
 PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
 
 ASSUMPTIONS = (
@@ -351,7 +349,7 @@ def data_parallel(ctx: StepContext) -> DataParallelCost:
     replica_group = comm.group_shape(ctx.dp_replicate, ctx.tp * ctx.shard_ranks, cluster)
     layer_params = moe_mod.layer_params_per_tp_rank(model, tp_f)  # routed experts: below
     layer_param_bytes = cluster.params.compute_bytes * layer_params  # bf16 on GPUs
-    layer_grad_bytes = GRAD_REDUCE_BYTES * layer_params
+    layer_grad_bytes = ctx.stack.grad_reduce_bytes * layer_params
     # Each collective is priced only for the layouts that issue it (0 elsewhere).
     ag = comm.collective_time_where(
         full_shard, comm.ALL_GATHER, layer_param_bytes, shard_group, cluster, rows
@@ -430,12 +428,22 @@ def flat_step(
     def take(values: np.ndarray) -> np.ndarray:
         return values if every else values[rows]
 
-    # A stack that reduces gradients after the last backward (`grad_reduce_overlap` False) pays
+    # A stack that reduces gradients after the last backward (`grad_reduce_overlap` False), or
+    # on the compute stream (`grad_reduce_overlap_with_model_parallel` False, tp x pp > 1), pays
     # the whole reduction once per reduction, exposed, after the simulated passes.
-    overlap = ctx.stack.grad_reduce_overlap
-    after = (
-        0.0 if overlap else take(ctx.model.n_layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s)
-    )
+    overlaps = ctx.stack.grad_reduce_overlaps(ctx.table)
+    if isinstance(overlaps, bool):
+        overlap: float | np.ndarray = float(overlaps)
+        after = (
+            0.0
+            if overlaps
+            else take(ctx.model.n_layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s)
+        )
+    else:
+        overlap = take(overlaps).astype(float)
+        after = (1.0 - overlap) * take(
+            ctx.model.n_layers * dpc.grad_reduce_s + dpc.root_grad_reduce_s
+        )
     common: dict[str, Any] = dict(
         n_layers=ctx.model.n_layers,
         forward_s=take(fwd),
@@ -443,9 +451,9 @@ def flat_step(
         head_forward_s=take(lc.head_forward_s),
         head_backward_s=take(lc.head_backward_s),
         all_gather_s=take(dpc.all_gather_s),
-        grad_reduce_s=take(dpc.grad_reduce_s) * float(overlap),
+        grad_reduce_s=take(dpc.grad_reduce_s) * overlap,
         root_all_gather_s=take(dpc.root_all_gather_s),
-        root_grad_reduce_s=take(dpc.root_grad_reduce_s) * float(overlap),
+        root_grad_reduce_s=take(dpc.root_grad_reduce_s) * overlap,
         gather_in_backward=take(ctx.table.reshard_after_forward),
         interference=ctx.cluster.overlap_interference,
     )
@@ -517,8 +525,11 @@ def pipeline_parallel(
     # reduce once per step, or on every micro-batch where the stack does so.
     reduces = ctx.grad_reduces_per_step
     slow = ctx.cluster.overlap_interference
-    # Without `grad_reduce_overlap` the stack reduces every gradient after the last backward.
-    hidden_reduce = np.minimum(grad_reduce, bwd) if ctx.stack.grad_reduce_overlap else 0.0
+    # Without `grad_reduce_overlap` the stack reduces every gradient after the last backward
+    # (or, for `grad_reduce_overlap_with_model_parallel` False, on the compute stream).
+    hidden_reduce = np.where(
+        ctx.stack.grad_reduce_overlaps(ctx.table), np.minimum(grad_reduce, bwd), 0.0
+    )
     interfered = layers_per_stage * (np.minimum(ag, fwd) + reduces * hidden_reduce)
     dp_exposed = (
         layers_per_stage * (np.maximum(0.0, ag - fwd) + reduces * (grad_reduce - hidden_reduce))
@@ -560,7 +571,7 @@ def ddp_buckets(ctx: StepContext, dpc: DataParallelCost) -> np.ndarray:
     bucket = ctx.cluster.params.ddp_bucket_mib * 2**20
     if bucket <= 0:
         return np.zeros(ctx.n)
-    grad_bytes = GRAD_REDUCE_BYTES * stage_parameters(ctx, dpc)
+    grad_bytes = ctx.stack.grad_reduce_bytes * stage_parameters(ctx, dpc)
     n_buckets = np.maximum(1.0, np.ceil(grad_bytes / bucket))
     issues = bucketed_ddp(ctx) & (ctx.dp_cp > 1)
     ar = comm.collective_time_where(

@@ -297,6 +297,7 @@ _STACKS: tuple[tuple[str, str], ...] = (
     (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
     (r"\bdeepspeed\b", "deepspeed-zero"),
     (r"\baleph alpha\b", "aleph-alpha-scaling"),
+    (r"\boneflow[- ]gpt\b", "oneflow-gpt"),
 )
 
 

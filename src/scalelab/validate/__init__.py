@@ -40,6 +40,7 @@ from scalelab.validate.stats import (
     by_source,
     memory_comparison,
     spearman,
+    sweep_rhos,
     sweep_spearman,
 )
 
@@ -63,6 +64,7 @@ __all__ = [
     "run_validation",
     "shipped_readings",
     "spearman",
+    "sweep_rhos",
     "sweep_spearman",
 ]
 
@@ -81,6 +83,9 @@ class ValidationReport:
     memory: dict[str, Any]
     assumed_fields: dict[str, int]
     cross_validated: dict[str, Any] | None = None
+    # Each sweep (source group, model, GPU, sequence length; >= 3 runs that vary): its runs and
+    # rho in-sample, and held out where cross-validated (None otherwise).
+    sweep_detail: list[dict[str, Any]] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     moe: dict[str, Any] | None = None  # the MoE runs, apart (shipped data only)
 
@@ -95,6 +100,7 @@ class ValidationReport:
             "median_spearman_within_sweeps": self.median_spearman,
             "spearman_median": self.median_spearman,
             "sweeps": self.sweeps,
+            "sweep_spearman": self.sweep_detail,
             "by_source": self.by_source,
             "memory": self.memory,
             "rows_with_assumed_value": self.assumed_fields,
@@ -130,6 +136,22 @@ def run_validation(
     assumed = Counter(f for c in cases for f in set(c.run.assumed_fields))
     cv = cross_validate(cases) if with_cross_validation else None
     out_of_sample = cv.pop("predicted") if cv else None
+    sweep_keys = [c.sweep for c in cases]
+    held_out = sweep_rhos(sweep_keys, np.asarray(out_of_sample), actual) if out_of_sample else {}
+    sweep_detail = [
+        {
+            "source": key[0],
+            "model": key[1],
+            "gpu": key[2],
+            "seq_len": key[3],
+            "runs": runs,
+            "spearman": rho,
+            "spearman_held_out": held_out[key][1] if key in held_out else None,
+        }
+        for key, (runs, rho) in sorted(
+            sweep_rhos(sweep_keys, tps, actual).items(), key=lambda kv: (kv[1][1], kv[0])
+        )
+    ]
     rows_out = [
         {
             "row": c.index,
@@ -171,6 +193,7 @@ def run_validation(
         ),
         assumed_fields=dict(sorted(assumed.items(), key=lambda kv: -kv[1])),
         cross_validated=cv,
+        sweep_detail=sweep_detail,
         rows=rows_out,
         moe=moe_section() if data is None else None,
     )

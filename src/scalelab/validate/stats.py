@@ -6,9 +6,11 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+K = TypeVar("K", bound=Hashable)
 
 
 def average_ranks(values: np.ndarray) -> np.ndarray:
@@ -35,16 +37,29 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def sweep_rhos(
+    sweeps: Sequence[K], predicted: np.ndarray, measured: np.ndarray
+) -> dict[K, tuple[int, float]]:
+    """(runs, rho) of predicted against measured for each sweep (rows with the same key) of at
+    least 3 runs whose measured and predicted values both vary, in first-seen order."""
+    groups: dict[K, list[int]] = defaultdict(list)
+    for i, key in enumerate(sweeps):
+        groups[key].append(i)
+    out: dict[K, tuple[int, float]] = {}
+    for key, idx in groups.items():
+        if len(idx) >= 3:
+            rho = spearman(predicted[idx], measured[idx])
+            if not math.isnan(rho):
+                out[key] = (len(idx), rho)
+    return out
+
+
 def sweep_spearman(
     sweeps: Sequence[Hashable], predicted: np.ndarray, measured: np.ndarray
 ) -> list[float]:
     """Rho of predicted against measured within each sweep (rows with the same key) of at least 3
     runs that vary."""
-    groups: dict[Hashable, list[int]] = defaultdict(list)
-    for i, key in enumerate(sweeps):
-        groups[key].append(i)
-    rhos = [spearman(predicted[idx], measured[idx]) for idx in groups.values() if len(idx) >= 3]
-    return [r for r in rhos if not math.isnan(r)]
+    return [rho for _, rho in sweep_rhos(sweeps, predicted, measured).values()]
 
 
 def by_source(
