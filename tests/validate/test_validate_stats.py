@@ -54,3 +54,15 @@ def test_sweep_rhos_names_each_sweep_with_its_runs() -> None:
     assert list(rhos) == ["a", "b"]  # "c" has 2 runs
     assert rhos["a"] == (3, pytest.approx(1.0)) and rhos["b"] == (4, pytest.approx(-1.0))
     assert sweep_spearman(keys, predicted, measured) == [rho for _, rho in rhos.values()]
+
+
+def test_spearman_is_exact_where_rho_is_rational() -> None:
+    """One adjacent swap in five runs is rho 0.9 exactly (1 - 6*2/120), not a float below it;
+    ties use average ranks as scipy does (checked by hand: 0.5 / sqrt(0.75*1) for this pair)."""
+    from scalelab.validate.stats import spearman
+
+    assert spearman(np.array([1.0, 2, 3, 5, 4]), np.array([1.0, 2, 3, 4, 5])) == 0.9
+    assert spearman(np.array([1.0, 1, 2]), np.array([1.0, 2, 3])) == pytest.approx(
+        0.8660254037844386
+    )
+    assert np.isnan(spearman(np.array([2.0, 2, 2]), np.array([1.0, 2, 3])))
