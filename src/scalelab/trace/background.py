@@ -23,9 +23,12 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
+
+if TYPE_CHECKING:
+    from scalelab.trace import load
 
 # path -> (child pid, read end of its pipe)
 _pending: dict[str, tuple[int, int]] = {}
@@ -90,7 +93,7 @@ SPLIT_MIN_BYTES = 8_000_000
 _SEAM = b"\n  },\n  {"
 
 
-def split_point(data: bytes, at: int | None = None) -> tuple[int, int] | None:
+def split_point(data: load.Buffer, at: int | None = None) -> tuple[int, int] | None:
     """Where to cut the decompressed JSON of a trace in two: the end of the first part's last
     event and the start of the second part's first event, at the first seam between two events
     from byte `at` on (default: the middle); None if the file is not laid out as Kineto writes
@@ -153,7 +156,7 @@ class _Split:
     pid: int
     read_end: int
     at: int
-    data: bytes | None  # the whole file's bytes, or None: the caller inflates its own part
+    data: load.Buffer | None  # the whole file's bytes, or None: the caller inflates its part
     packed: bytes | None
 
 
@@ -207,20 +210,46 @@ def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
     if pid == 0:  # the child: never returns
         os.close(read_end)
         try:
-            whole = data if data is not None else load.inflate(packed or b"", str(path))
-            found = split_point(whole, at) if len(whole) == size else None
-            payload = (
-                None
-                if found is None
-                else _gather_part(
-                    path, b"".join((b'{"traceEvents":[', memoryview(whole)[found[1] :]))
-                )
-            )
+            payload = _gather_second(path, data, packed, at)
         except BaseException:
             payload = None
         _send(write_end, payload)
     os.close(write_end)
     return _Split(pid, read_end, at, data, packed)
+
+
+# What makes a part after the cut a whole document (the first part gets "]}" after its last
+# event): both are written over the bytes around the cut in place where the buffer allows it
+# (each process has its own copy of the pages it writes), instead of copying the part.
+_OPEN = b'{"traceEvents":['
+
+
+def _gather_second(
+    path: Path, data: load.Buffer | None, packed: bytes | None, at: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """The child's part: the events after the first seam from byte `at` on. A gzipped file not
+    read yet is inflated here (checking its CRC), only the bytes from `at` kept; none if the
+    first part cannot be cut where the caller cuts it."""
+    from scalelab.trace import load
+
+    if data is None:
+        tail = load.inflate_tail(packed or b"", at - len(_OPEN))
+        if tail is None:
+            return None
+        seam = tail.find(_SEAM, len(_OPEN))  # from byte `at` of the file, as split_point
+        if seam < 0:
+            return None
+        whole: load.Buffer = tail
+        start = seam + len(_SEAM) - 1
+    else:
+        found = split_point(data, at)
+        if found is None:
+            return None
+        whole, start = data, found[1]
+    if isinstance(whole, bytes):
+        return _gather_part(path, b"".join((_OPEN, memoryview(whole)[start:])))
+    whole[start - len(_OPEN) : start] = _OPEN  # over the first part's end: this process's copy
+    return _gather_part(path, memoryview(whole)[start - len(_OPEN) :])
 
 
 def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
@@ -230,12 +259,15 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
     data, at = split.data, split.at
     mine = None
     try:
-        head = (
-            data if data is not None else load.inflate_head(split.packed or b"", at + _SEAM_SLACK)
-        )
+        if data is not None:
+            head: load.Buffer = data
+        else:
+            head, _ = load.inflate_head(split.packed or b"", at + _SEAM_SLACK)
         cut = split_point(head, at)
-        if cut is not None:
-            mine = _gather_part(path, b"".join((memoryview(head)[: cut[0]], b"]}")))
+        # The child cuts at the first seam from `at` on, as split_point does where the
+        # traceEvents key lies before `at` (every real trace; else no split).
+        if cut is not None and head.find(b'"traceEvents"') < at:
+            mine = _gather_first(path, head, cut[0])
     except Exception:
         mine = None
     theirs = _receive(split.pid, split.read_end)
@@ -248,6 +280,20 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
         return None  # a CPU trace, or one without launch calls: the whole path decides
     load.forget(path)
     return merged, {**theirs[1], **mine[1]}
+
+
+def _gather_first(path: Path, head: load.Buffer, end: int) -> tuple[Any, dict[str, Any]] | None:
+    """The first part, the events before byte `end`: "]}" is written after them in place and
+    the two bytes it covers are put back after decoding (the buffer may be the whole file's,
+    kept for a read in one process)."""
+    if isinstance(head, bytes):
+        return _gather_part(path, b"".join((memoryview(head)[:end], b"]}")))
+    saved = head[end : end + 2]
+    head[end : end + 2] = b"]}"
+    try:
+        return _gather_part(path, memoryview(head)[: end + 2])
+    finally:
+        head[end : end + 2] = saved
 
 
 def spare_core() -> bool:
@@ -267,7 +313,7 @@ def _single_threaded() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def _gather_part(path: Path, blob: bytes) -> tuple[Any, dict[str, Any]] | None:
+def _gather_part(path: Path, blob: bytes | memoryview) -> tuple[Any, dict[str, Any]] | None:
     from scalelab.trace import schema
     from scalelab.trace.columns import Columns, gather
     from scalelab.trace.load import RawTrace
