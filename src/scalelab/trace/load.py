@@ -149,7 +149,7 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     def work() -> None:
         try:
             first = find_trace_files(paths)[0]
-            _prefetched[str(first)] = _read_bytes(first, mutable=True)
+            _prefetched[str(first)] = _read_bytes(first)
         except Exception:  # read_trace reads it again and says what is wrong
             pass
 
@@ -209,16 +209,15 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     return _parse_general(path, data)
 
 
-def _read_bytes(path: Path, *, mutable: bool = False) -> Buffer:
-    """`mutable`: a gzip file into a buffer its reader may change (for a split in two, which
-    cuts it in place: `background`)."""
+def _read_bytes(path: Path) -> Buffer:
     where = str(path)
     try:
         data: Buffer = path.read_bytes()
     except OSError as exc:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == GZIP_MAGIC:
-        data = inflate_mutable(data, where) if mutable else inflate(data, where)
+        # In one call: a thread (`prefetch`) then releases the GIL once, not once a piece.
+        data = inflate(data, where)
     if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
@@ -290,14 +289,6 @@ def inflate_tail(data: Buffer, start: int) -> bytearray | mmap.mmap | None:
     if not decompressor.eof or pos != size or (rest and rest.strip(b"\0")):
         return None
     return out
-
-
-def inflate_mutable(data: Buffer, where: str) -> Buffer:
-    """`inflate` into a buffer its reader may change (`inflate_tail` from byte 0); the same
-    errors (from `inflate`, which reads again anything unusual: several gzip members, a size
-    over 4 GiB, a corrupt or truncated file)."""
-    out = inflate_tail(data, 0)
-    return inflate(data, where) if out is None else out
 
 
 def inflate(data: Buffer, where: str) -> bytes:
