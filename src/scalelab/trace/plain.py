@@ -93,13 +93,15 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     _check(c.annotation_ts[0], "annotation timestamps")  # checked as extract checks them
     _check_durations(c.annotation_dur[0])
     rt_ts = c.runtime_ts[0]
-    if rt_ts and set(map(type, rt_ts)) != {float}:
-        raise UnsupportedError("a launch call's timestamp is not a number")
+    rt_total = _total(rt_ts, "launch call timestamps")  # (a launch call's time is a number)
     launch_row = _launch_rows(_ints(c.device_corr), _ints(c.runtime_corr))
     # Device events linked to their launch call, and the call's time (µs, as in the trace)
     linked = list(compress(range(len(launch_row)), map(ge, launch_row, repeat(0))))
     if linked:  # extract then converts every launch call's times (and refuses odd ones)
-        _check(rt_ts, "launch call timestamps")
+        if not math.isfinite(rt_total):
+            raise UnsupportedError("launch call timestamps: not all finite numbers")
+        if rt_ts and (min(rt_ts) < -_MAX_TIME_US or max(rt_ts) > _MAX_TIME_US):
+            raise UnsupportedError("launch call timestamps: out of range")
         _check_durations(c.runtime_dur[0])
     launch_us = list(map(rt_ts.__getitem__, map(launch_row.__getitem__, linked)))
     runtime_tid = c.runtime_tid
@@ -208,10 +210,10 @@ def _us_to_ns(t: float) -> int:
     return whole * 1000 + round((t - whole) * 1000.0)
 
 
-def _to_ns(ts: list[float]) -> list[int]:
-    """`_us_to_ns` of many finite floats; for non-negative ones (every real trace) `modf`
-    splits them as `floor` does, and C-level maps do the rest."""
-    if ts and min(ts) >= 0.0:
+def _to_ns(ts: list[float], low: float | None = None) -> list[int]:
+    """`_us_to_ns` of many finite floats (`low`: their minimum, if known); for non-negative
+    ones (every real trace) `int` splits them as `floor` does, and C-level maps do the rest."""
+    if ts and (min(ts) if low is None else low) >= 0.0:
         # int() truncates, which is floor for t >= 0; t - whole is exact (whole < 2^53 is a
         # float exactly, and within a factor of two of t when t >= 1), as modf's fraction.
         whole = list(map(int, ts))
@@ -225,23 +227,39 @@ def _to_ns(ts: list[float]) -> list[int]:
     return list(map(_us_to_ns, ts))
 
 
-def _check(values: list[Any], what: str) -> None:
+def _total(values: list[Any], what: str) -> float:
+    """The sum of a typed column's values, which are floats or None (msgspec makes a float of
+    an integer and refuses anything else), at C level: UnsupportedError for a None; not finite
+    exactly where a value is not (NaN or infinity; finite values within 2^53 cannot overflow).
+    One pass instead of a type test and a finiteness test per value."""
+    try:
+        total = sum(values, 0.0)
+    except TypeError:
+        raise UnsupportedError(f"{what}: not all numbers") from None
+    if total.__class__ is not float:
+        raise UnsupportedError(f"{what}: not all numbers")
+    return total
+
+
+def _check(values: list[Any], what: str) -> tuple[float, float]:
     """Finite floats within ±2^53 µs (what extract accepts of typed events), else
-    UnsupportedError."""
+    UnsupportedError; their minimum and maximum (0.0, 0.0 for none)."""
     if not values:
-        return
-    if set(map(type, values)) != {float} or not all(map(math.isfinite, values)):
+        return 0.0, 0.0
+    if not math.isfinite(_total(values, what)):
         raise UnsupportedError(f"{what}: not all finite numbers")
-    if min(values) < -_MAX_TIME_US or max(values) > _MAX_TIME_US:
+    low, high = min(values), max(values)
+    if low < -_MAX_TIME_US or high > _MAX_TIME_US:
         raise UnsupportedError(f"{what}: out of range")
+    return low, high
 
 
 def _check_durations(dur: list[Any]) -> None:
     """Durations as extract accepts them: numbers (NaN counts as an instant) within 2^53 µs."""
-    if dur and set(map(type, dur)) != {float}:
-        raise UnsupportedError("a duration is not a number")
-    if all(map(math.isfinite, dur)):
-        if dur and max(map(abs, dur)) > _MAX_TIME_US:
+    if not dur:
+        return
+    if math.isfinite(_total(dur, "durations")):
+        if max(dur) > _MAX_TIME_US or min(dur) < -_MAX_TIME_US:
             raise UnsupportedError("a duration is out of range")
         return
     if any(d == d and abs(d) > _MAX_TIME_US for d in dur):  # NaN is allowed, infinity not
@@ -251,15 +269,13 @@ def _check_durations(dur: list[Any]) -> None:
 def _ns_times(ts: list[Any], dur: list[Any]) -> tuple[list[int], list[int]]:
     """extract._ns_times: start = round(ts * 1000), end = start + round(dur * 1000); bad
     (negative or NaN) durations are 0."""
-    _check(ts, "timestamps")
-    start = _to_ns(ts)
+    low, _ = _check(ts, "timestamps")
+    start = _to_ns(ts, low)
     if len(dur) != len(ts):
         raise UnsupportedError("durations and timestamps differ in number")
     if not dur:
         return start, []
-    if set(map(type, dur)) != {float}:
-        raise UnsupportedError("a duration is not a number")
-    if all(map(math.isfinite, dur)) and min(dur) >= 0.0:
+    if math.isfinite(_total(dur, "durations")) and min(dur) >= 0.0:
         if max(dur) > _MAX_TIME_US:
             raise UnsupportedError("a duration is out of range")
         return start, list(map(add, start, map(round, map(mul, dur, repeat(1000.0)))))
