@@ -8,13 +8,12 @@ becomes an `InputError` that names the file and says what is wrong, never a trac
 
 from __future__ import annotations
 
-import mmap
 import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.errors import InputError
 
@@ -58,10 +57,15 @@ GZIP_MAGIC = b"\x1f\x8b"
 # A buffer its reader may change in place (`mutable_buffer`): an anonymous private memory
 # map, whose pages are made as they are first written (a bytearray is zero-filled first) and
 # are copied on write after a fork, so that each process changes only its own.
-Buffer = bytes | bytearray | mmap.mmap
+if TYPE_CHECKING:
+    import mmap
+
+    Buffer = bytes | bytearray | mmap.mmap
 
 
 def mutable_buffer(size: int) -> bytearray | mmap.mmap:
+    import mmap  # (here: the command's start-up reads no file through it)
+
     flags = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
     if size <= 0 or flags[0] is None or flags[1] is None:
         return bytearray(size)
@@ -320,7 +324,7 @@ def _parse_general(path: Path, data: Buffer) -> RawTrace:
 
     where = str(path)
     try:
-        document = orjson.loads(data if not isinstance(data, mmap.mmap) else memoryview(data))
+        document = orjson.loads(data if isinstance(data, (bytes, bytearray)) else memoryview(data))
     except orjson.JSONDecodeError as exc:
         raise InputError(where, f"not valid JSON ({_one_line(exc)})") from None
     if isinstance(document, list):  # the Chrome "JSON array" form: just the events
