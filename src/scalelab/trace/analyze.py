@@ -220,7 +220,7 @@ def _read(
     if workers is None:
         workers = 2 if background.spare_core() else 1
     if gathered is None and parser == "auto" and workers > 1:
-        gathered = background.gather_in_two(path)
+        gathered = background.gather_in_two(path, arrays=True)
     if gathered is not None:
         values, metadata = gathered
         try:

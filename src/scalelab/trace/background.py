@@ -121,7 +121,7 @@ _SEAM_SLACK = 1 << 20
 
 
 def gather_in_two(
-    path: Path, *, min_bytes: int = SPLIT_MIN_BYTES
+    path: Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
     the first part of its events while a forked child does the rest; the parts' columns are
@@ -139,7 +139,7 @@ def gather_in_two(
     `min_bytes` are left to one process."""
     split = _splits.pop(str(path), None)
     if split is None:
-        split = _fork(path, min_bytes, None)
+        split = _fork(path, min_bytes, None, arrays=arrays)
     if split is None:
         return None
     return _finish(path, split)
@@ -158,6 +158,7 @@ class _Split:
     at: int
     data: load.Buffer | None  # the whole file's bytes, or None: the caller inflates its part
     packed: bytes | None
+    arrays: bool = False  # numeric columns as numpy arrays (`gather_in_two`)
 
 
 def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
@@ -172,7 +173,9 @@ def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -
     return True
 
 
-def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
+def _fork(
+    path: Path, min_bytes: int, share: float | None, *, arrays: bool = False
+) -> _Split | None:
     from scalelab.trace import load
 
     if not available() or not _single_threaded():
@@ -213,9 +216,9 @@ def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
             payload = _gather_second(path, data, packed, at)
         except BaseException:
             payload = None
-        _send(write_end, payload)
+        _send(write_end, payload, arrays=arrays)
     os.close(write_end)
-    return _Split(pid, read_end, at, data, packed)
+    return _Split(pid, read_end, at, data, packed, arrays)
 
 
 # What makes a part after the cut a whole document (the first part gets "]}" after its last
@@ -268,6 +271,8 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
         # traceEvents key lies before `at` (every real trace; else no split).
         if cut is not None and head.find(b'"traceEvents"') < at:
             mine = _gather_first(path, head, cut[0])
+            if mine is not None and split.arrays:  # now, while the child may still decode
+                _as_arrays(mine[0], _fromiter, _np().float64, _np().int64)
     except Exception:
         mine = None
     theirs = _receive(split.pid, split.read_end)
@@ -275,8 +280,11 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
         return None
     from scalelab.trace.columns import Columns, merge
 
-    merged = merge(mine[0], Columns.from_tuple(theirs[0]))
-    if not (merged.n_kernels or merged.copy_names) or not merged.runtime_corr:
+    columns = Columns.from_tuple(theirs[0])
+    if split.arrays:
+        _as_arrays(columns, _frombuffer, _np().float64, _np().int64)
+    merged = merge(mine[0], columns)
+    if not (merged.n_kernels or merged.copy_names) or len(merged.runtime_corr) == 0:
         return None  # a CPU trace, or one without launch calls: the whole path decides
     load.forget(path)
     return merged, {**theirs[1], **mine[1]}
@@ -363,8 +371,10 @@ def _reap_all() -> None:
             os.waitpid(pid, 0)
 
 
-def _send(write_end: int, payload: Any) -> None:
-    """The child's last act: the payload (plain values) into the pipe, then exit."""
+def _send(write_end: int, payload: Any, *, arrays: bool = False) -> None:
+    """The child's last act: the payload (plain values) into the pipe, then exit. `arrays`:
+    the large numeric columns as the bytes of C arrays where every value fits (`_as_arrays`),
+    which the caller takes as numpy arrays without making a Python number of each."""
     try:
         if payload is not None and not isinstance(payload[0], tuple):
             columns = payload[0]
@@ -374,11 +384,50 @@ def _send(write_end: int, payload: Any) -> None:
             for f in ("kernel_names", "copy_names", "annotation_names"):
                 seen: dict[Any, Any] = {}
                 setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
+            if arrays:
+                from array import array
+
+                _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
             payload = (columns.to_tuple(), payload[1])
         with os.fdopen(write_end, "wb") as out:
             out.write(marshal.dumps(payload))
     finally:
         os._exit(0)
+
+
+# Numeric columns carried as arrays (`_send(arrays=True)`): float64 and int64 ones. A column
+# some value of which does not fit (a missing field, a None, a huge id) stays a list.
+_FLOAT_COLUMNS = ("device_ts", "device_dur", "runtime_ts", "runtime_dur")
+_INT_COLUMNS = ("device_corr", "runtime_corr")
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+def _as_arrays(columns: Any, convert: Any, float_type: Any, int_type: Any) -> None:
+    """Each array column of `columns` replaced by `convert(values, type)` where that succeeds
+    (`float_type` for the float columns, `int_type` for the int ones)."""
+    for f in _FLOAT_COLUMNS:
+        values, lenient = getattr(columns, f)
+        if not lenient:  # (NaN where a field is missing: converted by extract, leniently)
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                setattr(columns, f, (convert(values, float_type), False))
+    for f in _INT_COLUMNS:
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            setattr(columns, f, convert(getattr(columns, f), int_type))
+
+
+def _fromiter(values: Any, dtype: Any) -> Any:
+    return _np().fromiter(values, dtype, len(values))
+
+
+def _frombuffer(values: Any, dtype: Any) -> Any:
+    if not isinstance(values, bytes):
+        raise TypeError("a list: left as it is")
+    return _np().frombuffer(values, dtype)
 
 
 def _receive(pid: int, read_end: int) -> Any:
