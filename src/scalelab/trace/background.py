@@ -22,12 +22,13 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from scalelab.trace import load
 
 # path -> (child pid, read end of its pipe)
@@ -67,7 +68,7 @@ def start(paths: Iterable[str | Path]) -> bool:
 COMMAND_SPLIT_MIN_BYTES = 24_000_000
 
 
-def _gather(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _gather(path: str | Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     import gc
 
     from scalelab.trace.columns import Columns, gather
@@ -121,7 +122,7 @@ _SEAM_SLACK = 1 << 20
 
 
 def gather_in_two(
-    path: Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
+    path: str | Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
     the first part of its events while a forked child does the rest; the parts' columns are
@@ -161,7 +162,7 @@ class _Split:
     arrays: bool = False  # numeric columns as numpy arrays (`gather_in_two`)
 
 
-def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
+def split_start(path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
     """Fork the child that decodes the part of a file after its first `share` now (the file's
     bytes read and remembered, `load.remember`), so that it decodes while this process does
     something else first (a command's imports); `gather_in_two` later decodes this process's
@@ -174,7 +175,7 @@ def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -
 
 
 def _fork(
-    path: Path, min_bytes: int, share: float | None, *, arrays: bool = False
+    path: str | Path, min_bytes: int, share: float | None, *, arrays: bool = False
 ) -> _Split | None:
     from scalelab.trace import load
 
@@ -184,7 +185,8 @@ def _fork(
     packed = None
     if data is None:
         try:
-            packed = path.read_bytes()
+            with open(path, "rb") as file:
+                packed = file.read()
         except OSError:
             return None  # the caller's read says what is wrong
         if packed[:2] == load.GZIP_MAGIC and len(packed) > 18:
@@ -228,7 +230,7 @@ _OPEN = b'{"traceEvents":['
 
 
 def _gather_second(
-    path: Path, data: load.Buffer | None, packed: bytes | None, at: int
+    path: str | Path, data: load.Buffer | None, packed: bytes | None, at: int
 ) -> tuple[Any, dict[str, Any]] | None:
     """The child's part: the events after the first seam from byte `at` on. A gzipped file not
     read yet is inflated here (checking its CRC), only the bytes from `at` kept; none if the
@@ -255,7 +257,7 @@ def _gather_second(
     return _gather_part(path, memoryview(whole)[start - len(_OPEN) :])
 
 
-def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
+def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
     """This process's part of a split, the child's columns, merged."""
     from scalelab.trace import load
 
@@ -290,7 +292,9 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
     return merged, {**theirs[1], **mine[1]}
 
 
-def _gather_first(path: Path, head: load.Buffer, end: int) -> tuple[Any, dict[str, Any]] | None:
+def _gather_first(
+    path: str | Path, head: load.Buffer, end: int
+) -> tuple[Any, dict[str, Any]] | None:
     """The first part, the events before byte `end`: "]}" is written after them in place and
     the two bytes it covers are put back after decoding (the buffer may be the whole file's,
     kept for a read in one process)."""
@@ -321,7 +325,7 @@ def _single_threaded() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def _gather_part(path: Path, blob: bytes | memoryview) -> tuple[Any, dict[str, Any]] | None:
+def _gather_part(path: str | Path, blob: bytes | memoryview) -> tuple[Any, dict[str, Any]] | None:
     from scalelab.trace import schema
     from scalelab.trace.columns import Columns, gather
     from scalelab.trace.load import RawTrace

@@ -8,11 +8,11 @@ becomes an `InputError` that names the file and says what is wrong, never a trac
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.errors import InputError
@@ -59,6 +59,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 # are copied on write after a fork, so that each process changes only its own.
 if TYPE_CHECKING:
     import mmap
+    from pathlib import Path
 
     Buffer = bytes | bytearray | mmap.mmap
 
@@ -83,7 +84,7 @@ class RawTrace:
     `typed`: the events are `schema.Event` structs (the fast path) rather than dicts.
     """
 
-    path: Path
+    path: str | Path  # (a command's plain path never imports pathlib: ~5 ms of its start-up)
     events: list[Any]
     metadata: dict[str, Any] = field(default_factory=dict)
     typed: bool = False
@@ -94,7 +95,7 @@ class RawTrace:
         info = self.metadata.get("distributedInfo")
         if isinstance(info, dict) and isinstance(info.get("rank"), int):
             return int(info["rank"])
-        match = _RANK_IN_NAME.search(self.path.name)
+        match = _RANK_IN_NAME.search(os.path.basename(self.path))
         return int(match.group(1)) if match else None
 
     @property
@@ -107,6 +108,8 @@ class RawTrace:
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand files and folders (their `*.json` and `*.json.gz`, not recursive) into trace files."""
+    from pathlib import Path
+
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -152,7 +155,9 @@ def prefetch(paths: Iterable[str | Path]) -> None:
 
     def work() -> None:
         try:
-            first = find_trace_files(paths)[0]
+            given = list(paths)
+            # A file given as it is (no pathlib: its import here would hold the GIL)
+            first = given[0] if given and os.path.isfile(given[0]) else find_trace_files(given)[0]
             _prefetched[str(first)] = _read_bytes(first)
         except Exception:  # read_trace reads it again and says what is wrong
             pass
@@ -161,22 +166,22 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     _prefetch_thread.start()
 
 
-def remember(path: Path, data: Buffer) -> None:
+def remember(path: str | Path, data: Buffer) -> None:
     """Keep a file's bytes for the next `read_trace` of it (which takes them)."""
     _prefetched[str(path)] = data
 
 
-def forget(path: Path) -> None:
+def forget(path: str | Path) -> None:
     _prefetched.pop(str(path), None)
 
 
-def read_bytes(path: Path) -> Buffer:
+def read_bytes(path: str | Path) -> Buffer:
     """A trace file's bytes, decompressed (or those prefetched or remembered for it)."""
     data = take_prefetched(path)
     return _read_bytes(path) if data is None else data
 
 
-def take_prefetched(path: Path) -> Buffer | None:
+def take_prefetched(path: str | Path) -> Buffer | None:
     """The bytes prefetched or remembered for this file (then forgotten), or None."""
     global _prefetch_thread
     if _prefetch_thread is None:
@@ -200,7 +205,6 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     types, and otherwise with orjson, which reads any trace and says what is wrong with a bad one;
     `general` always uses orjson.
     """
-    path = Path(path)
     data = read_bytes(path)
     schema = _typed() if parser == "auto" else None
     if schema is not None:
@@ -213,10 +217,11 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     return _parse_general(path, data)
 
 
-def _read_bytes(path: Path) -> Buffer:
+def _read_bytes(path: str | Path) -> Buffer:
     where = str(path)
     try:
-        data: Buffer = path.read_bytes()
+        with open(path, "rb") as file:
+            data: Buffer = file.read()
     except OSError as exc:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == GZIP_MAGIC:
@@ -319,7 +324,7 @@ def inflate(data: Buffer, where: str) -> bytes:
     return out
 
 
-def _parse_general(path: Path, data: Buffer) -> RawTrace:
+def _parse_general(path: str | Path, data: Buffer) -> RawTrace:
     import orjson  # only here: the typed fast path reads most traces without it
 
     where = str(path)
