@@ -233,11 +233,12 @@ def _read_bytes(path: str | Path) -> Buffer:
 
 
 # Decompressing into a buffer made beforehand, this much compressed input at a time: each
-# piece's output (~1 MB) reuses the memory the previous one freed, so the pages touched are
-# the buffer's alone. Decompressing in one call makes the output grow in fresh memory instead,
-# ~1.4x its size in new pages; and a part of it cut out for decoding is a copy, in more new
-# pages. New pages are dear on this machine (~2-3 us each, more than decompressing them):
-# a100-rank0-of-16's second half for the split's child, 47 -> 29 ms (14,000 -> 4,600 pages).
+# piece's output (~70 kB, small enough for malloc to reuse freed memory; 64 kB of input made
+# ~1 MB outputs, each mapped afresh: twice the pages) reuses the memory the previous one freed,
+# so the pages touched are the buffer's alone. Decompressing in one call makes the output grow
+# in fresh memory instead, ~1.7x its size in new pages; and a part of it cut out for decoding is
+# a copy, in more new pages. New pages are dear on this machine (~2-3 us each, more than decompressing them):
+# a100-rank0-of-16's second half for the split's child, 41 -> 29 ms (11,200 -> 4,600 pages).
 _PIECE = 1 << 12
 
 
