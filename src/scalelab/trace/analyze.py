@@ -148,24 +148,24 @@ def analyze_file(
     ends = [timeline.activity_end_ns, windows.end_ns]
     first = min(int(a.min()) for a in starts if a.size)
     last = max(int(a.max()) for a in ends if a.size)
-    total = _measure(sets, np.array([first]), np.array([last]), count_all=True)[0]
+    # Every window measured at once: the whole trace, before and after the steps, each step.
+    lo, hi = [first], [last]
     if windows.numbers.size:
         first_step, last_step = int(windows.start_ns[0]), int(windows.end_ns[-1])
-        before, after = _measure(
-            sets,
-            np.array([first, max(last_step, first)]),
-            np.array([min(first_step, last), last]),
-        )
-    else:
-        before = after = Breakdown.sum([])
+        lo += [first, max(last_step, first)]
+        hi += [min(first_step, last), last]
+    head = len(lo)
+    measured = _measure(
+        sets,
+        np.concatenate([np.asarray(lo, dtype=np.int64), windows.start_ns]),
+        np.concatenate([np.asarray(hi, dtype=np.int64), windows.end_ns]),
+        count_all_first=True,
+    )
+    total = measured[0]
+    before, after = measured[1:3] if head == 3 else (Breakdown.sum([]), Breakdown.sum([]))
     steps = [
         b.as_step(int(n), int(s))
-        for n, s, b in zip(
-            windows.numbers,
-            windows.start_ns,
-            _measure(sets, windows.start_ns, windows.end_ns),
-            strict=True,
-        )
+        for n, s, b in zip(windows.numbers, windows.start_ns, measured[head:], strict=True)
     ]
     comm_ops = CommOps.of(timeline)
     return RankReport(
@@ -220,7 +220,7 @@ def _read(
     if workers is None:
         workers = 2 if background.spare_core() else 1
     if gathered is None and parser == "auto" and workers > 1:
-        gathered = background.gather_in_two(path)
+        gathered = background.gather_in_two(path, arrays=True)
     if gathered is not None:
         values, metadata = gathered
         try:
@@ -294,9 +294,10 @@ class _Sets:
 
 
 def _measure(
-    sets: _Sets, lo: Int64Array, hi: Int64Array, *, count_all: bool = False
+    sets: _Sets, lo: Int64Array, hi: Int64Array, *, count_all_first: bool = False
 ) -> list[Breakdown]:
-    """Breakdowns of many windows [lo, hi) at once (counts: events starting in the window)."""
+    """Breakdowns of many windows [lo, hi) at once (counts: events starting in the window;
+    `count_all_first`: every event in the first, the whole trace)."""
     wall = hi - lo
     compute = sets.compute.covered_in(lo, hi)
     comm = sets.comm.covered_in(lo, hi)
@@ -305,12 +306,9 @@ def _measure(
     copy_only = sets.copy_only.covered_in(lo, hi)
     per_collective = []
     for name, union, exposed, starts in sets.collectives:
-        if count_all:
-            count = np.full(lo.size, starts.size, dtype=np.int64)
-        else:
-            count = np.searchsorted(starts, hi, side="left") - np.searchsorted(
-                starts, lo, side="left"
-            )
+        count = np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left")
+        if count_all_first and count.size:
+            count[0] = starts.size
         per_collective.append((name, count, union.covered_in(lo, hi), exposed.covered_in(lo, hi)))
     out = []
     for i in range(lo.size):

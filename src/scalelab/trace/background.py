@@ -22,10 +22,14 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from scalelab.trace import load
 
 # path -> (child pid, read end of its pipe)
 _pending: dict[str, tuple[int, int]] = {}
@@ -64,7 +68,7 @@ def start(paths: Iterable[str | Path]) -> bool:
 COMMAND_SPLIT_MIN_BYTES = 24_000_000
 
 
-def _gather(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _gather(path: str | Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     import gc
 
     from scalelab.trace.columns import Columns, gather
@@ -90,7 +94,7 @@ SPLIT_MIN_BYTES = 8_000_000
 _SEAM = b"\n  },\n  {"
 
 
-def split_point(data: bytes, at: int | None = None) -> tuple[int, int] | None:
+def split_point(data: load.Buffer, at: int | None = None) -> tuple[int, int] | None:
     """Where to cut the decompressed JSON of a trace in two: the end of the first part's last
     event and the start of the second part's first event, at the first seam between two events
     from byte `at` on (default: the middle); None if the file is not laid out as Kineto writes
@@ -115,10 +119,11 @@ def split_point(data: bytes, at: int | None = None) -> tuple[int, int] | None:
 CALLER_SHARE = 0.5
 # How far past its share the caller inflates to find the seam after it (an event is < 64 kB).
 _SEAM_SLACK = 1 << 20
+_SEAM_NEAR = 1 << 16  # tried first (1 MB more to inflate is ~1.5 ms)
 
 
 def gather_in_two(
-    path: Path, *, min_bytes: int = SPLIT_MIN_BYTES
+    path: str | Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
     the first part of its events while a forked child does the rest; the parts' columns are
@@ -136,7 +141,7 @@ def gather_in_two(
     `min_bytes` are left to one process."""
     split = _splits.pop(str(path), None)
     if split is None:
-        split = _fork(path, min_bytes, None)
+        split = _fork(path, min_bytes, None, arrays=arrays)
     if split is None:
         return None
     return _finish(path, split)
@@ -153,11 +158,12 @@ class _Split:
     pid: int
     read_end: int
     at: int
-    data: bytes | None  # the whole file's bytes, or None: the caller inflates its own part
+    data: load.Buffer | None  # the whole file's bytes, or None: the caller inflates its part
     packed: bytes | None
+    arrays: bool = False  # numeric columns as numpy arrays (`gather_in_two`)
 
 
-def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
+def split_start(path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
     """Fork the child that decodes the part of a file after its first `share` now (the file's
     bytes read and remembered, `load.remember`), so that it decodes while this process does
     something else first (a command's imports); `gather_in_two` later decodes this process's
@@ -169,7 +175,9 @@ def split_start(path: Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -
     return True
 
 
-def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
+def _fork(
+    path: str | Path, min_bytes: int, share: float | None, *, arrays: bool = False
+) -> _Split | None:
     from scalelab.trace import load
 
     if not available() or not _single_threaded():
@@ -178,7 +186,8 @@ def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
     packed = None
     if data is None:
         try:
-            packed = path.read_bytes()
+            with open(path, "rb") as file:
+                packed = file.read()
         except OSError:
             return None  # the caller's read says what is wrong
         if packed[:2] == load.GZIP_MAGIC and len(packed) > 18:
@@ -207,35 +216,71 @@ def _fork(path: Path, min_bytes: int, share: float | None) -> _Split | None:
     if pid == 0:  # the child: never returns
         os.close(read_end)
         try:
-            whole = data if data is not None else load.inflate(packed or b"", str(path))
-            found = split_point(whole, at) if len(whole) == size else None
-            payload = (
-                None
-                if found is None
-                else _gather_part(
-                    path, b"".join((b'{"traceEvents":[', memoryview(whole)[found[1] :]))
-                )
-            )
+            payload = _gather_second(path, data, packed, at)
         except BaseException:
             payload = None
-        _send(write_end, payload)
+        _send(write_end, payload, arrays=arrays)
     os.close(write_end)
-    return _Split(pid, read_end, at, data, packed)
+    return _Split(pid, read_end, at, data, packed, arrays)
 
 
-def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
+# What makes a part after the cut a whole document (the first part gets "]}" after its last
+# event): both are written over the bytes around the cut in place where the buffer allows it
+# (each process has its own copy of the pages it writes), instead of copying the part.
+_OPEN = b'{"traceEvents":['
+
+
+def _gather_second(
+    path: str | Path, data: load.Buffer | None, packed: bytes | None, at: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """The child's part: the events after the first seam from byte `at` on. A gzipped file not
+    read yet is inflated here (checking its CRC), only the bytes from `at` kept; none if the
+    first part cannot be cut where the caller cuts it."""
+    from scalelab.trace import load
+
+    if data is None:
+        tail = load.inflate_tail(packed or b"", at - len(_OPEN))
+        if tail is None:
+            return None
+        seam = tail.find(_SEAM, len(_OPEN))  # from byte `at` of the file, as split_point
+        if seam < 0:
+            return None
+        whole: load.Buffer = tail
+        start = seam + len(_SEAM) - 1
+    else:
+        found = split_point(data, at)
+        if found is None:
+            return None
+        whole, start = data, found[1]
+    if isinstance(whole, bytes):
+        return _gather_part(path, b"".join((_OPEN, memoryview(whole)[start:])))
+    whole[start - len(_OPEN) : start] = _OPEN  # over the first part's end: this process's copy
+    return _gather_part(path, memoryview(whole)[start - len(_OPEN) :])
+
+
+def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
     """This process's part of a split, the child's columns, merged."""
     from scalelab.trace import load
 
     data, at = split.data, split.at
     mine = None
     try:
-        head = (
-            data if data is not None else load.inflate_head(split.packed or b"", at + _SEAM_SLACK)
-        )
-        cut = split_point(head, at)
-        if cut is not None:
-            mine = _gather_part(path, b"".join((memoryview(head)[: cut[0]], b"]}")))
+        if data is not None:
+            head: load.Buffer = data
+            cut = split_point(head, at)
+        else:
+            # Events are short: the next seam is nearly always within a few kB of `at`
+            for slack in (_SEAM_NEAR, _SEAM_SLACK):
+                head, _ = load.inflate_head(split.packed or b"", at + slack)
+                cut = split_point(head, at)
+                if cut is not None:
+                    break
+        # The child cuts at the first seam from `at` on, as split_point does where the
+        # traceEvents key lies before `at` (every real trace; else no split).
+        if cut is not None and head.find(b'"traceEvents"') < at:
+            mine = _gather_first(path, head, cut[0])
+            if mine is not None and split.arrays:  # now, while the child may still decode
+                _as_arrays(mine[0], _fromiter, _np().float64, _np().int64)
     except Exception:
         mine = None
     theirs = _receive(split.pid, split.read_end)
@@ -243,11 +288,30 @@ def _finish(path: Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
         return None
     from scalelab.trace.columns import Columns, merge
 
-    merged = merge(mine[0], Columns.from_tuple(theirs[0]))
-    if not (merged.n_kernels or merged.copy_names) or not merged.runtime_corr:
+    columns = Columns.from_tuple(theirs[0])
+    if split.arrays:
+        _as_arrays(columns, _frombuffer, _np().float64, _np().int64)
+    merged = merge(mine[0], columns)
+    if not (merged.n_kernels or merged.copy_names) or len(merged.runtime_corr) == 0:
         return None  # a CPU trace, or one without launch calls: the whole path decides
     load.forget(path)
     return merged, {**theirs[1], **mine[1]}
+
+
+def _gather_first(
+    path: str | Path, head: load.Buffer, end: int
+) -> tuple[Any, dict[str, Any]] | None:
+    """The first part, the events before byte `end`: "]}" is written after them in place and
+    the two bytes it covers are put back after decoding (the buffer may be the whole file's,
+    kept for a read in one process)."""
+    if isinstance(head, bytes):
+        return _gather_part(path, b"".join((memoryview(head)[:end], b"]}")))
+    saved = head[end : end + 2]
+    head[end : end + 2] = b"]}"
+    try:
+        return _gather_part(path, memoryview(head)[: end + 2])
+    finally:
+        head[end : end + 2] = saved
 
 
 def spare_core() -> bool:
@@ -267,7 +331,7 @@ def _single_threaded() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def _gather_part(path: Path, blob: bytes) -> tuple[Any, dict[str, Any]] | None:
+def _gather_part(path: str | Path, blob: bytes | memoryview) -> tuple[Any, dict[str, Any]] | None:
     from scalelab.trace import schema
     from scalelab.trace.columns import Columns, gather
     from scalelab.trace.load import RawTrace
@@ -317,8 +381,10 @@ def _reap_all() -> None:
             os.waitpid(pid, 0)
 
 
-def _send(write_end: int, payload: Any) -> None:
-    """The child's last act: the payload (plain values) into the pipe, then exit."""
+def _send(write_end: int, payload: Any, *, arrays: bool = False) -> None:
+    """The child's last act: the payload (plain values) into the pipe, then exit. `arrays`:
+    the large numeric columns as the bytes of C arrays where every value fits (`_as_arrays`),
+    which the caller takes as numpy arrays without making a Python number of each."""
     try:
         if payload is not None and not isinstance(payload[0], tuple):
             columns = payload[0]
@@ -328,11 +394,50 @@ def _send(write_end: int, payload: Any) -> None:
             for f in ("kernel_names", "copy_names", "annotation_names"):
                 seen: dict[Any, Any] = {}
                 setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
+            if arrays:
+                from array import array
+
+                _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
             payload = (columns.to_tuple(), payload[1])
         with os.fdopen(write_end, "wb") as out:
             out.write(marshal.dumps(payload))
     finally:
         os._exit(0)
+
+
+# Numeric columns carried as arrays (`_send(arrays=True)`): float64 and int64 ones. A column
+# some value of which does not fit (a missing field, a None, a huge id) stays a list.
+_FLOAT_COLUMNS = ("device_ts", "device_dur", "runtime_ts", "runtime_dur")
+_INT_COLUMNS = ("device_corr", "runtime_corr")
+
+
+def _np() -> Any:
+    import numpy
+
+    return numpy
+
+
+def _as_arrays(columns: Any, convert: Any, float_type: Any, int_type: Any) -> None:
+    """Each array column of `columns` replaced by `convert(values, type)` where that succeeds
+    (`float_type` for the float columns, `int_type` for the int ones)."""
+    for f in _FLOAT_COLUMNS:
+        values, lenient = getattr(columns, f)
+        if not lenient:  # (NaN where a field is missing: converted by extract, leniently)
+            with contextlib.suppress(TypeError, ValueError, OverflowError):
+                setattr(columns, f, (convert(values, float_type), False))
+    for f in _INT_COLUMNS:
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            setattr(columns, f, convert(getattr(columns, f), int_type))
+
+
+def _fromiter(values: Any, dtype: Any) -> Any:
+    return _np().fromiter(values, dtype, len(values))
+
+
+def _frombuffer(values: Any, dtype: Any) -> Any:
+    if not isinstance(values, bytes):
+        raise TypeError("a list: left as it is")
+    return _np().frombuffer(values, dtype)
 
 
 def _receive(pid: int, read_end: int) -> Any:

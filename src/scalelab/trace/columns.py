@@ -183,11 +183,11 @@ def merge(a: Columns, b: Columns) -> Columns:
     file): the same lists, in the same order, as gathering the whole trace at once gives."""
     ka, kb = a.n_kernels, b.n_kernels
 
-    def device(x: list[Any], y: list[Any]) -> list[Any]:  # kernels first, then copies
-        return x[:ka] + y[:kb] + x[ka:] + y[kb:]
+    def device(x: Any, y: Any) -> Any:  # kernels first, then copies
+        return _joined(x[:ka], y[:kb], x[ka:], y[kb:])
 
     def numbers_of(x: Numbers, y: Numbers, on_device: bool = False) -> Numbers:
-        values = device(x[0], y[0]) if on_device else x[0] + y[0]
+        values = device(x[0], y[0]) if on_device else _joined(x[0], y[0])
         return values, x[1] or y[1]
 
     return Columns(
@@ -206,7 +206,7 @@ def merge(a: Columns, b: Columns) -> Columns:
         device_tid=device(a.device_tid, b.device_tid),
         runtime_ts=numbers_of(a.runtime_ts, b.runtime_ts),
         runtime_dur=numbers_of(a.runtime_dur, b.runtime_dur),
-        runtime_corr=a.runtime_corr + b.runtime_corr,
+        runtime_corr=_joined(a.runtime_corr, b.runtime_corr),
         runtime_tid=a.runtime_tid + b.runtime_tid,
         annotation_ts=numbers_of(a.annotation_ts, b.annotation_ts),
         annotation_dur=numbers_of(a.annotation_dur, b.annotation_dur),
@@ -219,6 +219,20 @@ def merge(a: Columns, b: Columns) -> Columns:
 
 
 _FIELDS = tuple(Columns.__dataclass_fields__)
+
+
+def _joined(*parts: Any) -> Any:
+    """Lists concatenated; numpy arrays (columns carried as arrays, `background`) likewise,
+    into one array, or into a list where a part is a list."""
+    lists = [isinstance(p, list) for p in parts]
+    if not any(lists):
+        import numpy as np  # (only columns carried as arrays are arrays: numpy is loaded)
+
+        return np.concatenate(parts)
+    out: list[Any] = []
+    for part, is_list in zip(parts, lists, strict=True):
+        out += part if is_list else part.tolist()
+    return out
 
 
 def buckets(

@@ -239,6 +239,8 @@ def _gpu_timeline(c: Columns) -> Timeline:
 def _floats(column: Numbers, typed: bool) -> NDArray[np.float64]:
     """A numeric column as float64 (NaN where absent)."""
     values, lenient = column
+    if isinstance(values, np.ndarray):  # carried as an array from another process
+        return values
     if lenient:  # some event lacks the field: NaN there
         return np.asarray(values, dtype=np.float64)
     if not typed and bool in set(map(type, values)):  # parsed JSON: true would read as 1
@@ -248,6 +250,8 @@ def _floats(column: Numbers, typed: bool) -> NDArray[np.float64]:
 
 def _ints(values: list[Any]) -> Int64Array:
     """Correlation ids as int64, -1 where absent or not an integer."""
+    if isinstance(values, np.ndarray):  # carried as an array from another process
+        return values
     try:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):

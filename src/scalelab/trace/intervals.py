@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -124,13 +125,18 @@ class IntervalSet:
         keep = e > s
         return IntervalSet(s[keep], e[keep])
 
+    @cached_property
+    def _prefix(self) -> Int64Array:
+        """Covered length before each interval (and in all, last): made on first use, once."""
+        prefix: Int64Array = np.zeros(self.starts.size + 1, dtype=np.int64)
+        np.cumsum(self.ends - self.starts, out=prefix[1:])
+        return prefix
+
     def covered_before(self, t: ArrayLike) -> Int64Array:
         """For each time t, the covered length in (-inf, t): a cumulative coverage function."""
         times = _as_int64(t)
-        lengths = self.ends - self.starts
-        prefix = np.concatenate([[0], np.cumsum(lengths)])
         k = np.searchsorted(self.starts, times, side="right")  # intervals starting at or before t
-        covered = prefix[k]
+        covered = self._prefix[k]
         has = k > 0
         # The last interval that started at or before t may still be running at t.
         overhang = np.zeros(times.size, dtype=np.int64)

@@ -8,12 +8,12 @@ becomes an `InputError` that names the file and says what is wrong, never a trac
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.errors import InputError
 
@@ -53,6 +53,26 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 # 0.95 s in `plain`; the ~105,000-event traces (26-35 MB) as fast or faster in `plain`.
 PLAIN_MAX_BYTES = 40_000_000
 GZIP_MAGIC = b"\x1f\x8b"
+
+# A buffer its reader may change in place (`mutable_buffer`): an anonymous private memory
+# map, whose pages are made as they are first written (a bytearray is zero-filled first) and
+# are copied on write after a fork, so that each process changes only its own.
+if TYPE_CHECKING:
+    import mmap
+    from pathlib import Path
+
+    Buffer = bytes | bytearray | mmap.mmap
+
+
+def mutable_buffer(size: int) -> bytearray | mmap.mmap:
+    import mmap  # (here: the command's start-up reads no file through it)
+
+    flags = getattr(mmap, "MAP_PRIVATE", None), getattr(mmap, "MAP_ANONYMOUS", None)
+    if size <= 0 or flags[0] is None or flags[1] is None:
+        return bytearray(size)
+    return mmap.mmap(-1, size, flags=flags[0] | flags[1])
+
+
 _BLANK = re.compile(rb"\s*\Z")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
@@ -64,7 +84,7 @@ class RawTrace:
     `typed`: the events are `schema.Event` structs (the fast path) rather than dicts.
     """
 
-    path: Path
+    path: str | Path  # (a command's plain path never imports pathlib: ~5 ms of its start-up)
     events: list[Any]
     metadata: dict[str, Any] = field(default_factory=dict)
     typed: bool = False
@@ -75,7 +95,7 @@ class RawTrace:
         info = self.metadata.get("distributedInfo")
         if isinstance(info, dict) and isinstance(info.get("rank"), int):
             return int(info["rank"])
-        match = _RANK_IN_NAME.search(self.path.name)
+        match = _RANK_IN_NAME.search(os.path.basename(self.path))
         return int(match.group(1)) if match else None
 
     @property
@@ -88,6 +108,8 @@ class RawTrace:
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     """Expand files and folders (their `*.json` and `*.json.gz`, not recursive) into trace files."""
+    from pathlib import Path
+
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -110,7 +132,7 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
 # A command's start-up overlap (`prefetch`): the first file's bytes, read and decompressed in a
 # background thread while the main thread imports numpy and the analysis; taken by `read_trace`.
 _prefetch_thread: Any = None
-_prefetched: dict[str, bytes] = {}
+_prefetched: dict[str, Buffer] = {}
 
 # Where `analyze_file` leaves each parsed trace instead of freeing it, when not None: a command
 # that exits right after (os._exit) need not spend time freeing a million objects.
@@ -133,7 +155,9 @@ def prefetch(paths: Iterable[str | Path]) -> None:
 
     def work() -> None:
         try:
-            first = find_trace_files(paths)[0]
+            given = list(paths)
+            # A file given as it is (no pathlib: its import here would hold the GIL)
+            first = given[0] if given and os.path.isfile(given[0]) else find_trace_files(given)[0]
             _prefetched[str(first)] = _read_bytes(first)
         except Exception:  # read_trace reads it again and says what is wrong
             pass
@@ -142,22 +166,22 @@ def prefetch(paths: Iterable[str | Path]) -> None:
     _prefetch_thread.start()
 
 
-def remember(path: Path, data: bytes) -> None:
+def remember(path: str | Path, data: Buffer) -> None:
     """Keep a file's bytes for the next `read_trace` of it (which takes them)."""
     _prefetched[str(path)] = data
 
 
-def forget(path: Path) -> None:
+def forget(path: str | Path) -> None:
     _prefetched.pop(str(path), None)
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: str | Path) -> Buffer:
     """A trace file's bytes, decompressed (or those prefetched or remembered for it)."""
     data = take_prefetched(path)
     return _read_bytes(path) if data is None else data
 
 
-def take_prefetched(path: Path) -> bytes | None:
+def take_prefetched(path: str | Path) -> Buffer | None:
     """The bytes prefetched or remembered for this file (then forgotten), or None."""
     global _prefetch_thread
     if _prefetch_thread is None:
@@ -181,7 +205,6 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     types, and otherwise with orjson, which reads any trace and says what is wrong with a bad one;
     `general` always uses orjson.
     """
-    path = Path(path)
     data = read_bytes(path)
     schema = _typed() if parser == "auto" else None
     if schema is not None:
@@ -194,26 +217,91 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     return _parse_general(path, data)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: str | Path) -> Buffer:
     where = str(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            data: Buffer = file.read()
     except OSError as exc:
         raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
     if data[:2] == GZIP_MAGIC:
+        # In one call: a thread (`prefetch`) then releases the GIL once, not once a piece.
         data = inflate(data, where)
     if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
 
 
-def inflate_head(data: bytes, size: int) -> bytes:
-    """The first `size` decompressed bytes of a gzip file (or fewer, if it is shorter); its
-    CRC is not checked (that needs all of it): for a reader that also inflates it whole."""
-    return bytes(_inflate.decompressobj(31).decompress(data, size))
+# Decompressing into a buffer made beforehand, this much compressed input at a time: each
+# piece's output (~70 kB, small enough for malloc to reuse freed memory; 64 kB of input made
+# ~1 MB outputs, each mapped afresh: twice the pages) reuses the memory the previous one freed,
+# so the pages touched are the buffer's alone. Decompressing in one call makes the output grow
+# in fresh memory instead, ~1.7x its size in new pages; and a part of it cut out for decoding is
+# a copy, in more new pages. New pages are dear on this machine (~2-3 us each, more than decompressing them):
+# a100-rank0-of-16's second half for the split's child, 41 -> 29 ms (11,200 -> 4,600 pages).
+_PIECE = 1 << 12
 
 
-def inflate(data: bytes, where: str) -> bytes:
+def gzip_size(data: Buffer) -> int:
+    """ISIZE, the gzip trailer's uncompressed size modulo 2**32 (0 if too short)."""
+    return int.from_bytes(data[-4:], "little") if len(data) > 18 else 0
+
+
+def _pieces(decompressor: Any, data: Buffer) -> Iterator[bytes]:
+    """The decompressed output of `data`, a piece at a time, to the end of the stream."""
+    view = memoryview(data)
+    for i in range(0, len(view), _PIECE):
+        out = decompressor.decompress(view[i : i + _PIECE])
+        if out:
+            yield out
+        if decompressor.eof:
+            return
+
+
+def inflate_head(data: Buffer, size: int) -> tuple[bytearray | mmap.mmap, int]:
+    """A buffer holding at least the first `size` decompressed bytes of a gzip file (fewer if
+    it is shorter), and how many it holds (zeros follow); its reader may change it. The CRC is
+    not checked (that needs all of it): for a reader that also inflates it whole."""
+    out = mutable_buffer(size + (1 << 21))
+    pos = 0
+    for piece in _pieces(_inflate.decompressobj(31), data):
+        n = min(len(piece), len(out) - pos)
+        out[pos : pos + n] = piece if n == len(piece) else piece[:n]
+        pos += n
+        if pos >= size or pos == len(out):
+            break
+    return out, pos
+
+
+def inflate_tail(data: Buffer, start: int) -> bytearray | mmap.mmap | None:
+    """A gzip file's decompressed bytes from byte `start` on, in a buffer its reader may
+    change, the CRC checked; the bytes before `start` are decompressed and dropped a piece at
+    a time. None if the file is not one gzip member of the size its trailer says, or is
+    corrupt: a reader that inflates it whole says what is wrong."""
+    size = gzip_size(data)
+    if not 0 <= start < size:
+        return None
+    out = mutable_buffer(size - start)
+    pos = 0  # bytes decompressed so far
+    try:
+        decompressor = _inflate.decompressobj(31)
+        for piece in _pieces(decompressor, data):
+            end = pos + len(piece)
+            if end > size:
+                return None
+            if end > start:
+                skip = max(start - pos, 0)
+                out[pos + skip - start : end - start] = piece[skip:] if skip else piece
+            pos = end
+        rest = decompressor.unused_data
+    except Exception:  # zlib.error or isal's own error type
+        return None
+    if not decompressor.eof or pos != size or (rest and rest.strip(b"\0")):
+        return None
+    return out
+
+
+def inflate(data: Buffer, where: str) -> bytes:
     """A gzip file's bytes decompressed in one call (InputError if corrupt or truncated): with
     ISA-L (the `isal` package, the `fast` extra: 2-3x faster) when installed, else zlib; the gzip
     trailer's CRC is checked by either."""
@@ -237,12 +325,12 @@ def inflate(data: bytes, where: str) -> bytes:
     return out
 
 
-def _parse_general(path: Path, data: bytes) -> RawTrace:
+def _parse_general(path: str | Path, data: Buffer) -> RawTrace:
     import orjson  # only here: the typed fast path reads most traces without it
 
     where = str(path)
     try:
-        document = orjson.loads(data)
+        document = orjson.loads(data if isinstance(data, (bytes, bytearray)) else memoryview(data))
     except orjson.JSONDecodeError as exc:
         raise InputError(where, f"not valid JSON ({_one_line(exc)})") from None
     if isinstance(document, list):  # the Chrome "JSON array" form: just the events

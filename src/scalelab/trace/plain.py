@@ -16,17 +16,20 @@ every error.
 from __future__ import annotations
 
 import math
+import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from itertools import accumulate, compress, islice, repeat
 from operator import add, eq, ge, gt, lt, mul, ne, sub
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scalelab.trace import background, classify, load
 from scalelab.trace.columns import Columns, gather
 from scalelab.trace.load import RawTrace, find_trace_files, read_trace
 from scalelab.trace.report import Breakdown, CollectiveStats, RankReport, TraceReport, summarise
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # (starts, ends): disjoint, sorted, half-open intervals in integer nanoseconds.
 Intervals = tuple[list[int], list[int]]
@@ -46,7 +49,9 @@ def report(paths: Iterable[str | Path], *, split: bool | None = None) -> TraceRe
     `split`: decode a large file in two processes (`background.gather_in_two`; default: where
     a core is spare now, as the library does: on a busy machine the fork, the copies of the
     halves and the pipe cost more than the second process saves)."""
-    files = find_trace_files(paths)
+    given = list(paths)
+    # One file given as it is needs no pathlib (~5 ms of a command's start-up)
+    files = given if len(given) == 1 and os.path.isfile(given[0]) else find_trace_files(given)
     if len(files) != 1:
         raise UnsupportedError("several files")
     (path,) = files
@@ -71,7 +76,7 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     """The default report's numbers for one GPU trace's columns (see the module doc)."""
     if not c.typed or c.refusal is not None:
         raise UnsupportedError("not a typed GPU trace")
-    meta = RawTrace(Path(c.path), [], metadata)
+    meta = RawTrace(c.path, [], metadata)
     step_numbers, host_start, host_end = _steps(c.steps)
     n_kernels = c.n_kernels
     start, end = _ns_times(c.device_ts[0], c.device_dur[0])
@@ -93,13 +98,15 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     _check(c.annotation_ts[0], "annotation timestamps")  # checked as extract checks them
     _check_durations(c.annotation_dur[0])
     rt_ts = c.runtime_ts[0]
-    if rt_ts and set(map(type, rt_ts)) != {float}:
-        raise UnsupportedError("a launch call's timestamp is not a number")
+    rt_total = _total(rt_ts, "launch call timestamps")  # (a launch call's time is a number)
     launch_row = _launch_rows(_ints(c.device_corr), _ints(c.runtime_corr))
     # Device events linked to their launch call, and the call's time (µs, as in the trace)
     linked = list(compress(range(len(launch_row)), map(ge, launch_row, repeat(0))))
     if linked:  # extract then converts every launch call's times (and refuses odd ones)
-        _check(rt_ts, "launch call timestamps")
+        if not math.isfinite(rt_total):
+            raise UnsupportedError("launch call timestamps: not all finite numbers")
+        if rt_ts and (min(rt_ts) < -_MAX_TIME_US or max(rt_ts) > _MAX_TIME_US):
+            raise UnsupportedError("launch call timestamps: out of range")
         _check_durations(c.runtime_dur[0])
     launch_us = list(map(rt_ts.__getitem__, map(launch_row.__getitem__, linked)))
     runtime_tid = c.runtime_tid
@@ -129,6 +136,7 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     # window, |A and B| = |A| + |B| - |A or B| and |A - B| = |A or B| - |B|, exactly (integers).
     compute_or_comm = _union(compute[0] + comm[0], compute[1] + comm[1])
     busy = _union(compute_or_comm[0] + copy[0], compute_or_comm[1] + copy[1])
+    covered_by_compute = _Coverage(compute)
     collectives = []
     for code in sorted(set(codes)):
         mine = [x == code for x in codes]
@@ -138,12 +146,12 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
             (
                 classify.COLLECTIVES[code],
                 _Coverage(union),
-                _Coverage(_union(union[0] + compute[0], union[1] + compute[1])),
+                _Exposed(union, covered_by_compute),
                 sorted(s),
             )
         )
     sets = (
-        _Coverage(compute),
+        covered_by_compute,
         _Coverage(comm),
         _Coverage(compute_or_comm),
         _Coverage(busy),
@@ -208,10 +216,10 @@ def _us_to_ns(t: float) -> int:
     return whole * 1000 + round((t - whole) * 1000.0)
 
 
-def _to_ns(ts: list[float]) -> list[int]:
-    """`_us_to_ns` of many finite floats; for non-negative ones (every real trace) `modf`
-    splits them as `floor` does, and C-level maps do the rest."""
-    if ts and min(ts) >= 0.0:
+def _to_ns(ts: list[float], low: float | None = None) -> list[int]:
+    """`_us_to_ns` of many finite floats (`low`: their minimum, if known); for non-negative
+    ones (every real trace) `int` splits them as `floor` does, and C-level maps do the rest."""
+    if ts and (min(ts) if low is None else low) >= 0.0:
         # int() truncates, which is floor for t >= 0; t - whole is exact (whole < 2^53 is a
         # float exactly, and within a factor of two of t when t >= 1), as modf's fraction.
         whole = list(map(int, ts))
@@ -225,23 +233,39 @@ def _to_ns(ts: list[float]) -> list[int]:
     return list(map(_us_to_ns, ts))
 
 
-def _check(values: list[Any], what: str) -> None:
+def _total(values: list[Any], what: str) -> float:
+    """The sum of a typed column's values, which are floats or None (msgspec makes a float of
+    an integer and refuses anything else), at C level: UnsupportedError for a None; not finite
+    exactly where a value is not (NaN or infinity; finite values within 2^53 cannot overflow).
+    One pass instead of a type test and a finiteness test per value."""
+    try:
+        total = sum(values, 0.0)
+    except TypeError:
+        raise UnsupportedError(f"{what}: not all numbers") from None
+    if total.__class__ is not float:
+        raise UnsupportedError(f"{what}: not all numbers")
+    return total
+
+
+def _check(values: list[Any], what: str) -> tuple[float, float]:
     """Finite floats within ±2^53 µs (what extract accepts of typed events), else
-    UnsupportedError."""
+    UnsupportedError; their minimum and maximum (0.0, 0.0 for none)."""
     if not values:
-        return
-    if set(map(type, values)) != {float} or not all(map(math.isfinite, values)):
+        return 0.0, 0.0
+    if not math.isfinite(_total(values, what)):
         raise UnsupportedError(f"{what}: not all finite numbers")
-    if min(values) < -_MAX_TIME_US or max(values) > _MAX_TIME_US:
+    low, high = min(values), max(values)
+    if low < -_MAX_TIME_US or high > _MAX_TIME_US:
         raise UnsupportedError(f"{what}: out of range")
+    return low, high
 
 
 def _check_durations(dur: list[Any]) -> None:
     """Durations as extract accepts them: numbers (NaN counts as an instant) within 2^53 µs."""
-    if dur and set(map(type, dur)) != {float}:
-        raise UnsupportedError("a duration is not a number")
-    if all(map(math.isfinite, dur)):
-        if dur and max(map(abs, dur)) > _MAX_TIME_US:
+    if not dur:
+        return
+    if math.isfinite(_total(dur, "durations")):
+        if max(dur) > _MAX_TIME_US or min(dur) < -_MAX_TIME_US:
             raise UnsupportedError("a duration is out of range")
         return
     if any(d == d and abs(d) > _MAX_TIME_US for d in dur):  # NaN is allowed, infinity not
@@ -251,15 +275,13 @@ def _check_durations(dur: list[Any]) -> None:
 def _ns_times(ts: list[Any], dur: list[Any]) -> tuple[list[int], list[int]]:
     """extract._ns_times: start = round(ts * 1000), end = start + round(dur * 1000); bad
     (negative or NaN) durations are 0."""
-    _check(ts, "timestamps")
-    start = _to_ns(ts)
+    low, _ = _check(ts, "timestamps")
+    start = _to_ns(ts, low)
     if len(dur) != len(ts):
         raise UnsupportedError("durations and timestamps differ in number")
     if not dur:
         return start, []
-    if set(map(type, dur)) != {float}:
-        raise UnsupportedError("a duration is not a number")
-    if all(map(math.isfinite, dur)) and min(dur) >= 0.0:
+    if math.isfinite(_total(dur, "durations")) and min(dur) >= 0.0:
         if max(dur) > _MAX_TIME_US:
             raise UnsupportedError("a duration is out of range")
         return start, list(map(add, start, map(round, map(mul, dur, repeat(1000.0)))))
@@ -447,6 +469,37 @@ class _Coverage:
         return max(self.before(hi) - self.before(lo), 0)
 
 
+class _Exposed:
+    """Length of a set U less a set C inside windows (|U - C|, a collective's exposed time),
+    for U disjoint and sorted and C's coverage: each interval of U's exposed length once (its
+    length less C's part of it), prefix sums over them, and the two intervals a window cuts
+    corrected at its edges. The same integers as |U or C| - |C|, without a union of U with
+    all of C (thousands of intervals) per collective."""
+
+    __slots__ = ("compute", "ends", "prefix", "starts")
+
+    def __init__(self, sets: Intervals, compute: _Coverage) -> None:
+        self.starts, self.ends = sets
+        self.compute = compute
+        self.prefix = list(accumulate(map(self._part, self.starts, self.ends), initial=0))
+
+    def _part(self, lo: int, hi: int) -> int:
+        """Exposed length of [lo, hi), a piece of one interval of U."""
+        return hi - lo - self.compute.within(lo, hi)
+
+    def within(self, lo: int, hi: int) -> int:
+        i = bisect_right(self.ends, lo)  # the first interval ending after lo
+        j = bisect_left(self.starts, hi)  # intervals before j start before hi
+        if i >= j:
+            return 0
+        total = self.prefix[j] - self.prefix[i]
+        if self.starts[i] < lo:
+            total -= self._part(self.starts[i], lo)
+        if self.ends[j - 1] > hi:
+            total -= self._part(hi, self.ends[j - 1])
+        return total
+
+
 def _measure(
     sets: tuple[Any, ...], lo: list[int], hi: list[int], *, count_all: bool = False
 ) -> list[Breakdown]:
@@ -456,11 +509,11 @@ def _measure(
     for a, b in zip(lo, hi, strict=True):
         c = compute.within(a, b)
         per = {}
-        for name, union, union_or_compute, starts in collectives:
+        for name, union, exposed, starts in collectives:
             count = len(starts) if count_all else bisect_left(starts, b) - bisect_left(starts, a)
             total = union.within(a, b)
             if count or total:
-                per[name] = CollectiveStats(count, total, union_or_compute.within(a, b) - c)
+                per[name] = CollectiveStats(count, total, exposed.within(a, b))
         m, cm, u = comm.within(a, b), compute_or_comm.within(a, b), busy.within(a, b)
         wall = b - a
         out.append(

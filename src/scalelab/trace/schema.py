@@ -77,7 +77,7 @@ _DECODER = msgspec.json.Decoder(Document)
 DecodeFailed = (msgspec.DecodeError, msgspec.ValidationError)
 
 
-def decode(data: bytes) -> tuple[list[Event], dict[str, Any]]:
+def decode(data: bytes | bytearray | memoryview) -> tuple[list[Event], dict[str, Any]]:
     """Events and metadata (only `distributedInfo`); raises one of `DecodeFailed` if the data
     is not a trace document of the expected types."""
     document = _DECODER.decode(data)
