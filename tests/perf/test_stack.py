@@ -268,3 +268,38 @@ def test_oneflow_pipeline_copies_overlap_compute() -> None:
     )
     assert of["pp_p2p_s"] < generic["pp_p2p_s"]
     assert of["step_time_s"] < generic["step_time_s"]
+
+
+def test_module_partition_by_hand() -> None:
+    """Aleph-Alpha/scaling's pipe_partition_uniform over [embedding, L layers, norm, head]: for
+    L = 60 on 16 stages, 63 modules give stages 0-14 four modules and stage 15 three (layer 60,
+    the norm, the head): the slowest stage holds 4 layers and no head. For L = 40 on 2 stages,
+    43 modules: stage 0 the embedding and 21 layers, stage 1 layers 22-40 (19), norm and head."""
+    from scalelab.perf.schedule import module_partition_slowest_stage
+
+    one = np.ones(1)
+    layers, head = module_partition_slowest_stage(60, np.array([16]), one, one, 1.6 * one)
+    assert (layers[0], head[0]) == (4, 0)
+    layers, head = module_partition_slowest_stage(40, np.array([2]), one, one, 2.07 * one)
+    assert (layers[0], head[0]) == (19, 1)  # 19 + 2.07 > 21
+    layers, head = module_partition_slowest_stage(40, np.array([2]), one, one, 1.9 * one)
+    assert (layers[0], head[0]) == (21, 0)
+
+
+def test_module_partition_puts_the_head_in_place_of_layers() -> None:
+    """The head's stage holds fewer layers. With 61 layers on 16 stages (64 modules, 4 each) the
+    slowest stage holds 4 layers where Megatron's split holds ceil(61/16) = 4 layers and the head:
+    faster. With 80 (83 modules: stages 0-2 take 6) it holds 6 layers where Megatron's holds 5 and
+    a head of 0.3 layers: slower. Without a pipeline nothing changes."""
+    generic = load_stack("generic")
+    modules = generic.model_copy(update={"pp_partition": "modules"})
+    deep = Layout(gpus=128, global_batch=512, seq_len=4096, tp=8, pp=16)
+    flat = Layout(gpus=128, global_batch=512, seq_len=4096, tp=8, pp=1, sharding="fsdp")
+    table = LayoutTable.from_layouts([deep, flat])
+    seventy = load_model("llama2-70b")
+    for n_layers, faster in ((61, True), (80, False)):
+        model = seventy.model_copy(update={"n_layers": n_layers})
+        a = predict(model, H100, table, generic)
+        b = predict(model, H100, table, modules)
+        assert (b.row(0)["step_time_s"] < a.row(0)["step_time_s"]) == faster
+        assert b.row(1)["step_time_s"] == a.row(1)["step_time_s"]

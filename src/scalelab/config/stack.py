@@ -109,6 +109,15 @@ class StackSpec(BaseModel):
         "steady state (Megatron's overlap_p2p_comm): only warm-up and cool-down transfers are "
         "exposed",
     )
+    pp_partition: Literal["layers", "modules"] = Field(
+        "layers",
+        description="how the framework assigns the model to pipeline stages: `layers`, "
+        "ceil(L / (pp x v)) transformer layers per chunk with the embedding on the first stage "
+        "and the LM head on the last (Megatron's layers per stage; the slowest stage then holds "
+        "a full share of layers and the head); `modules`, the module list [embedding, L layers, "
+        "final norm, LM head] split uniformly, so the head takes the place of layers on its "
+        "stage (perf/schedule.py `module_partition_slowest_stage`)",
+    )
     grad_reduce_overlap: bool = Field(
         True,
         description="data-parallel gradient reduction issued layer by layer during backward and "

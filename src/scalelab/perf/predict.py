@@ -42,7 +42,12 @@ from scalelab.perf.compute import (
 from scalelab.perf.distinct import Distinct, distinct_rows
 from scalelab.perf.memory import memory_per_gpu
 from scalelab.perf.power import average_power_w
-from scalelab.perf.schedule import PassResult, pipeline_bubble_units, simulate_microbatches
+from scalelab.perf.schedule import (
+    PassResult,
+    module_partition_slowest_stage,
+    pipeline_bubble_units,
+    simulate_microbatches,
+)
 
 PARAM_GATHER_BYTES = BF16_BYTES  # the default of ClusterParams.compute_bytes (GPUs)
 
@@ -497,8 +502,20 @@ def pipeline_parallel(
     lc, pp, v, m_f = ctx.compute, ctx.pp, ctx.virtual_stages, ctx.m_f
     layers_per_stage = ctx.layers_per_stage
     ag, grad_reduce = dpc.all_gather_s, dpc.grad_reduce_s
-    stage_fwd = layers_per_stage * fwd + lc.head_forward_s
-    stage_bwd = layers_per_stage * bwd + lc.head_backward_s
+    if ctx.stack.pp_partition == "modules":
+        # The slowest stage of a uniform split of the module list (the head's stage holds fewer
+        # layers); the data-parallel terms below keep ceil(L / (pp*v)) layers.
+        stage_layers, stage_head = module_partition_slowest_stage(
+            ctx.model.n_layers,
+            pp,
+            v,
+            fwd + bwd,
+            lc.head_forward_s + lc.head_backward_s,
+        )
+    else:
+        stage_layers, stage_head = layers_per_stage, np.ones_like(layers_per_stage)
+    stage_fwd = stage_layers * fwd + stage_head * lc.head_forward_s
+    stage_bwd = stage_layers * bwd + stage_head * lc.head_backward_s
     bubble_units = pipeline_bubble_units(pp, v, ctx.table.pp_schedule)
     bubble = bubble_units * (stage_fwd + stage_bwd)
     p2p_group = comm.group_shape(2 * ctx.ones.astype(np.int64), ctx.table.gpus // pp, ctx.cluster)

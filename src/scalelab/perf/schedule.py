@@ -173,3 +173,44 @@ def pipeline_bubble_units(
     chunked = (schedule == PipelineSchedule.INTERLEAVED.code) | zbv
     base = (pp - 1.0) / np.where(chunked, virtual_stages, 1)
     return np.where(zbv, base / 3.0, base)
+
+
+def module_partition_slowest_stage(
+    n_layers: int,
+    pp: np.ndarray,
+    virtual_stages: np.ndarray,
+    layer_s: np.ndarray,
+    head_s: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Layers and head (0 or 1) of the slowest stage when the framework splits the model's module
+    list [embedding, n_layers transformer layers, final norm, LM head] uniformly over the
+    pp x v chunks: each chunk gets (L + 3) // chunks modules and the first (L + 3) % chunks one
+    more (`pipe_partition_uniform` of Aleph-Alpha/scaling, its default `pipe_partition_method`);
+    stage s holds chunks s, s + pp, ... The stage holding the head then has fewer transformer
+    layers than the others. `layer_s` and `head_s` (per layout: one layer's and the head's
+    forward+backward seconds) pick the slowest stage; the embedding and norm cost nothing here.
+    """
+    n = len(pp)
+    layers_out = np.zeros(n)
+    head_out = np.zeros(n)
+    modules = n_layers + 3
+    pairs = np.stack([pp, virtual_stages], axis=1).astype(np.int64)
+    for p, v in np.unique(pairs, axis=0):
+        rows = np.flatnonzero((pairs[:, 0] == p) & (pairs[:, 1] == v))
+        chunks = int(p * v)
+        base, extra = divmod(modules, chunks)
+        j = np.arange(chunks)
+        start = j * base + np.minimum(j, extra)
+        end = start + base + (j < extra)
+        # Transformer layers are modules 1..n_layers.
+        chunk_layers = np.maximum(0, np.minimum(end, n_layers + 1) - np.maximum(start, 1))
+        stage_layers = chunk_layers.reshape(int(v), int(p)).sum(axis=0)
+        stage_head = (np.arange(int(p)) == (chunks - 1) % int(p)).astype(float)
+        # Seconds of every stage for every layout of this (pp, v): rows x stages.
+        seconds = (
+            stage_layers[None, :] * layer_s[rows, None] + stage_head[None, :] * head_s[rows, None]
+        )
+        slowest = np.argmax(seconds, axis=1)
+        layers_out[rows] = stage_layers[slowest]
+        head_out[rows] = stage_head[slowest]
+    return layers_out, head_out
