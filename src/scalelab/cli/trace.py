@@ -257,14 +257,13 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
 
     # Where a core is spare, a child decodes the file's second part from now on, while this
     # process imports the plain analysis (~13 ms) and then decodes the first part: a part
-    # smaller by about what that import costs in decoding (~1 MB of JSON on each side), less
-    # what the child's part costs more (it converts its device times to ns and packs them).
+    # smaller by about what that import costs in decoding (~1 MB of JSON on each side).
     split = (
         background.spare_core()
         and len(data) >= background.SPLIT_MIN_BYTES
-        and background.split_start(path, max(0.3, 0.5 - _SHARE_BYTES / len(data)), ns=True)
+        and background.split_start(path, max(0.3, 0.5 - 1_000_000 / len(data)))
     )
-    from scalelab.trace import plain, report  # noqa: F401  (report: before decoding, see plain)
+    from scalelab.trace import plain
 
     if exits:
         load.keep_parsed = []
@@ -276,11 +275,6 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
     _render(out, found, per_step=opts.per_step, stragglers=False, kernels=False, bandwidth=False)
     out.flush()
     return 0
-
-
-# The caller's part of a split on the plain path: half of the file less this many bytes
-# (its imports while the child decodes; a100-ddp: 0.43).
-_SHARE_BYTES = 700_000
 
 
 def _plain_report_only(opts: argparse.Namespace) -> bool:

@@ -123,11 +123,7 @@ _SEAM_NEAR = 1 << 16  # tried first (1 MB more to inflate is ~1.5 ms)
 
 
 def gather_in_two(
-    path: str | Path,
-    *,
-    min_bytes: int = SPLIT_MIN_BYTES,
-    arrays: bool = False,
-    ns: bool = False,
+    path: str | Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
     the first part of its events while a forked child does the rest; the parts' columns are
@@ -145,7 +141,7 @@ def gather_in_two(
     `min_bytes` are left to one process."""
     split = _splits.pop(str(path), None)
     if split is None:
-        split = _fork(path, min_bytes, None, arrays=arrays, ns=ns)
+        split = _fork(path, min_bytes, None, arrays=arrays)
     if split is None:
         return None
     return _finish(path, split)
@@ -165,17 +161,14 @@ class _Split:
     data: load.Buffer | None  # the whole file's bytes, or None: the caller inflates its part
     packed: bytes | None
     arrays: bool = False  # numeric columns as numpy arrays (`gather_in_two`)
-    ns: bool = False  # each part's device times in ns as well (`plain.device_ns`), the plain path
 
 
-def split_start(
-    path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES, ns: bool = False
-) -> bool:
+def split_start(path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
     """Fork the child that decodes the part of a file after its first `share` now (the file's
     bytes read and remembered, `load.remember`), so that it decodes while this process does
     something else first (a command's imports); `gather_in_two` later decodes this process's
     part and merges. False if no child was started (see `gather_in_two`)."""
-    split = _fork(path, min_bytes, share, ns=ns)
+    split = _fork(path, min_bytes, share)
     if split is None:
         return False
     _splits[str(path)] = split
@@ -183,12 +176,7 @@ def split_start(
 
 
 def _fork(
-    path: str | Path,
-    min_bytes: int,
-    share: float | None,
-    *,
-    arrays: bool = False,
-    ns: bool = False,
+    path: str | Path, min_bytes: int, share: float | None, *, arrays: bool = False
 ) -> _Split | None:
     from scalelab.trace import load
 
@@ -229,13 +217,11 @@ def _fork(
         os.close(read_end)
         try:
             payload = _gather_second(path, data, packed, at)
-            if ns and payload is not None:
-                _add_ns(payload[0], packed=True)
         except BaseException:
             payload = None
         _send(write_end, payload, arrays=arrays)
     os.close(write_end)
-    return _Split(pid, read_end, at, data, packed, arrays, ns)
+    return _Split(pid, read_end, at, data, packed, arrays)
 
 
 # What makes a part after the cut a whole document (the first part gets "]}" after its last
@@ -295,8 +281,6 @@ def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | Non
             mine = _gather_first(path, head, cut[0])
             if mine is not None and split.arrays:  # now, while the child may still decode
                 _as_arrays(mine[0], _fromiter, _np().float64, _np().int64)
-            if mine is not None and split.ns:
-                _add_ns(mine[0])
     except Exception:
         mine = None
     theirs = _receive(split.pid, split.read_end)
@@ -305,8 +289,6 @@ def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | Non
     from scalelab.trace.columns import Columns, merge
 
     columns = Columns.from_tuple(theirs[0])
-    if split.ns and columns.device_ns is not None:
-        columns.device_ns = _unpacked(columns.device_ns)
     if split.arrays:
         _as_arrays(columns, _frombuffer, _np().float64, _np().int64)
     merged = merge(mine[0], columns)
@@ -330,30 +312,6 @@ def _gather_first(
         return _gather_part(path, memoryview(head)[: end + 2])
     finally:
         head[end : end + 2] = saved
-
-
-def _add_ns(columns: Any, *, packed: bool = False) -> None:
-    """A part's device times converted to ns by the process that gathered it (the plain path's
-    split): each process converts its own rows in parallel instead of the caller all of them
-    after the merge (a100-ddp: ~4 ms of the serial tail). `packed`: the child's, as the bytes of
-    int64 arrays (`marshal` writes and reads ints of 10^15 ns one digit group at a time)."""
-    from scalelab.trace import plain
-
-    found = plain.device_ns(columns)
-    if found is not None and packed:
-        from array import array
-
-        try:
-            found = tuple(array("q", values).tobytes() for values in found)
-        except OverflowError:  # (times within 2^53 µs can exceed int64 ns): not converted
-            found = None
-    columns.device_ns = found
-
-
-def _unpacked(found: Any) -> tuple[list[int], list[int]]:
-    from array import array
-
-    return tuple(array("q", values).tolist() for values in found)  # type: ignore[return-value]
 
 
 def spare_core() -> bool:

@@ -66,9 +66,6 @@ class Columns:
     comm_meta: list[tuple[str, int, int, int, str]]
     # A trace of a device type the analyser does not model: the InputError's message.
     refusal: str | None
-    # The device rows' (start, end) in integer nanoseconds where a part of a trace split in two
-    # converted its own already (`plain.device_ns`, beside the other part's decoding); None else.
-    device_ns: tuple[list[int], list[int]] | None = None
 
     def to_tuple(self) -> tuple[Any, ...]:
         """Plain values only, for `marshal`."""
@@ -218,11 +215,6 @@ def merge(a: Columns, b: Columns) -> Columns:
         comm_labels=a.comm_labels + b.comm_labels,
         comm_meta=a.comm_meta + b.comm_meta,
         refusal=None,
-        device_ns=(
-            None
-            if a.device_ns is None or b.device_ns is None
-            else (device(a.device_ns[0], b.device_ns[0]), device(a.device_ns[1], b.device_ns[1]))
-        ),
     )
 
 

@@ -26,14 +26,10 @@ from typing import TYPE_CHECKING, Any
 from scalelab.trace import background, classify, load
 from scalelab.trace.columns import Columns, gather
 from scalelab.trace.load import RawTrace, find_trace_files, read_trace
+from scalelab.trace.report import Breakdown, CollectiveStats, RankReport, TraceReport, summarise
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from scalelab.trace.report import Breakdown, RankReport, TraceReport
-
-# `trace.report` (~7 ms of dataclass code generation) is imported where the report is made: a
-# split's child imports this module for `device_ns` only; the command imports it beforehand.
 
 # (starts, ends): disjoint, sorted, half-open intervals in integer nanoseconds.
 Intervals = tuple[list[int], list[int]]
@@ -61,7 +57,7 @@ def report(paths: Iterable[str | Path], *, split: bool | None = None) -> TraceRe
     (path,) = files
     if split is None:
         split = background.spare_core()
-    gathered = background.gather_in_two(path, ns=True) if split else None
+    gathered = background.gather_in_two(path) if split else None
     if gathered is None:
         raw = read_trace(path)
         if not raw.typed:
@@ -72,23 +68,18 @@ def report(paths: Iterable[str | Path], *, split: bool | None = None) -> TraceRe
         if load.keep_parsed is not None:  # a command about to exit: not worth freeing
             load.keep_parsed.append(raw)
         gathered = found, raw.metadata
-    from scalelab.trace.report import TraceReport, summarise
-
     ranks = [rank_report(*gathered)]
     return TraceReport(ranks=ranks, summary=summarise(ranks))
 
 
 def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
     """The default report's numbers for one GPU trace's columns (see the module doc)."""
-    from scalelab.trace.report import Breakdown, RankReport
-
     if not c.typed or c.refusal is not None:
         raise UnsupportedError("not a typed GPU trace")
     meta = RawTrace(c.path, [], metadata)
     step_numbers, host_start, host_end = _steps(c.steps)
     n_kernels = c.n_kernels
-    # (converted by the parts of a split, each its own, as here: value by value)
-    start, end = c.device_ns or _ns_times(c.device_ts[0], c.device_dur[0])
+    start, end = _ns_times(c.device_ts[0], c.device_dur[0])
     comm_rows = c.comm_rows
     not_comm = [True] * n_kernels
     for i in comm_rows:
@@ -216,18 +207,6 @@ def rank_report(c: Columns, metadata: dict[str, Any]) -> RankReport:
 
 
 # Times ---------------------------------------------------------------------------------------
-
-
-def device_ns(c: Columns) -> tuple[list[int], list[int]] | None:
-    """The device rows' (start, end) in integer nanoseconds, as `rank_report` makes them, or
-    None where it would refuse them (it then converts them again and says why). Value by value:
-    the parts of a split trace convert their own rows, and their lists joined are the whole's."""
-    if c.device_ts[1] or c.device_dur[1]:
-        return None
-    try:
-        return _ns_times(c.device_ts[0], c.device_dur[0])
-    except UnsupportedError:
-        return None
 
 
 def _us_to_ns(t: float) -> int:
@@ -525,8 +504,6 @@ def _measure(
     sets: tuple[Any, ...], lo: list[int], hi: list[int], *, count_all: bool = False
 ) -> list[Breakdown]:
     """analyze._measure: breakdowns of windows [lo, hi)."""
-    from scalelab.trace.report import Breakdown, CollectiveStats
-
     compute, comm, compute_or_comm, busy, collectives = sets
     out = []
     for a, b in zip(lo, hi, strict=True):
