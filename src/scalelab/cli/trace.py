@@ -234,13 +234,10 @@ def _run_plain(opts: Any, exits: bool) -> int | None:
     from scalelab.errors import InputError
     from scalelab.trace import load
 
-    if len(opts.paths) == 1 and os.path.isfile(opts.paths[0]):
-        files = list(opts.paths)  # as given: pathlib's import is ~5 ms of a small trace's command
-    else:
-        try:
-            files = load.find_trace_files(opts.paths)
-        except InputError:
-            return None
+    try:
+        files = load.trace_files(opts.paths)
+    except InputError:
+        return None
     if len(files) != 1:
         return None  # several ranks: matched for stragglers by the full analysis
     (path,) = files

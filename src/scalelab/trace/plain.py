@@ -16,7 +16,6 @@ every error.
 from __future__ import annotations
 
 import math
-import os
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from itertools import accumulate, compress, islice, repeat
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from scalelab.trace import background, classify, load
 from scalelab.trace.columns import Columns, gather
-from scalelab.trace.load import RawTrace, find_trace_files, read_trace
+from scalelab.trace.load import RawTrace, read_trace, trace_files
 from scalelab.trace.report import Breakdown, CollectiveStats, RankReport, TraceReport, summarise
 
 if TYPE_CHECKING:
@@ -49,9 +48,7 @@ def report(paths: Iterable[str | Path], *, split: bool | None = None) -> TraceRe
     `split`: decode a large file in two processes (`background.gather_in_two`; default: where
     a core is spare now, as the library does: on a busy machine the fork, the copies of the
     halves and the pipe cost more than the second process saves)."""
-    given = list(paths)
-    # One file given as it is needs no pathlib (~5 ms of a command's start-up)
-    files = given if len(given) == 1 and os.path.isfile(given[0]) else find_trace_files(given)
+    files = trace_files(paths)
     if len(files) != 1:
         raise UnsupportedError("several files")
     (path,) = files
