@@ -132,11 +132,12 @@ def run_validation(
         )
     ape = np.abs(tps - actual) / actual
     sources = [c.source for c in cases]
-    rhos = sweep_spearman([c.sweep for c in cases], tps, actual)
+    sweep_keys = [c.sweep for c in cases]
+    in_sample = sweep_rhos(sweep_keys, tps, actual)
+    rhos = [rho for _, rho in in_sample.values()]
     assumed = Counter(f for c in cases for f in set(c.run.assumed_fields))
     cv = cross_validate(cases) if with_cross_validation else None
     out_of_sample = cv.pop("predicted") if cv else None
-    sweep_keys = [c.sweep for c in cases]
     held_out = sweep_rhos(sweep_keys, np.asarray(out_of_sample), actual) if out_of_sample else {}
     sweep_detail = [
         {
@@ -148,9 +149,7 @@ def run_validation(
             "spearman": rho,
             "spearman_held_out": held_out[key][1] if key in held_out else None,
         }
-        for key, (runs, rho) in sorted(
-            sweep_rhos(sweep_keys, tps, actual).items(), key=lambda kv: (kv[1][1], kv[0])
-        )
+        for key, (runs, rho) in sorted(in_sample.items(), key=lambda kv: (kv[1][1], kv[0]))
     ]
     rows_out = [
         {
