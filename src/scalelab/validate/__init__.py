@@ -190,7 +190,7 @@ def run_validation(
             [c.index for c in cases],
             [memory_unstated(c) for c in cases],
         ),
-        assumed_fields=dict(sorted(assumed.items(), key=lambda kv: -kv[1])),
+        assumed_fields=dict(sorted(assumed.items(), key=lambda kv: (-kv[1], kv[0]))),
         cross_validated=cv,
         sweep_detail=sweep_detail,
         rows=rows_out,
