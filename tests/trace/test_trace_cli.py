@@ -116,6 +116,7 @@ def _truncated_gzip(tmp_path: Path) -> Path:
     [
         (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "ts": 1', ("not valid JSON", "bad.json")),
         (b"", ("empty file",)),
+        (b" \t\r\n\x0b\x0c" * 50, ("empty file",)),
         (b'{"hello": "world"}', ("not a PyTorch profiler trace", "traceEvents")),
         (b"[1, 2]", ("traceEvents[0]", "object")),
         (b'{"traceEvents": []}', ("empty trace",)),

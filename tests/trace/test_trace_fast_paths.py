@@ -107,6 +107,17 @@ def test_prefetched_bytes_are_used_once(capsys: pytest.CaptureFixture[str]) -> N
     assert json.loads(capsys.readouterr().out)["ranks"][0]["rank"] == 0
 
 
+def test_a_trace_after_whitespace_is_read_and_its_rank_found_in_its_name(tmp_path: Path) -> None:
+    """Only an empty or all-whitespace file is refused: one whose JSON starts after more
+    whitespace than the first look (64 bytes) reads as the same trace."""
+    path = tmp_path / "spaced_RANK-5.json"
+    path.write_bytes(b" \r\n\t" * 40 + load.read_bytes(GPU))
+    raw, same = load.read_trace(path), load.read_trace(GPU)
+    assert len(raw.events) == len(same.events) and raw.typed
+    assert raw.metadata == same.metadata
+    assert load.RawTrace(path, []).rank == 5 and load.RawTrace("trace.json", []).rank is None
+
+
 def test_importing_the_reader_does_not_import_numpy() -> None:
     code = (
         "import sys; import scalelab.trace.load, scalelab.trace.columns, "

@@ -87,6 +87,76 @@ def test_the_default_command_does_not_import_numpy() -> None:
     assert "numpy" in imported and "kernel time by class" in out
 
 
+def _import_order(*args: str) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "scalelab", "trace", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    return [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
+
+
+def test_the_command_reads_its_file_beside_the_decoders_imports() -> None:
+    """The command's start-up: the file's read (a thread, `threading`) starts before `typing`
+    is imported (by msgspec), and msgspec comes without typing_extensions and `inspect`
+    (~17 ms); no dataclass on the path (`dataclasses` imports `inspect` too)."""
+    order = _import_order(str(TRACES / "a100-ddp-rank0-of-2.json.gz"))
+    assert order.index("threading") < order.index("typing") < order.index("msgspec")
+    # (importtime lists typing_extensions for the attempts refused; loaded, it imports inspect)
+    for absent in ("inspect", "dataclasses", "numpy"):
+        assert absent not in order, absent
+
+
+def test_msgspec_imported_lean_then_typing_extensions_as_usual() -> None:
+    """The lean import leaves no block behind: typing_extensions imports afterwards, and
+    msgspec decodes."""
+    script = (
+        "import sys\n"
+        "from scalelab.cli.trace import _import_msgspec_lean\n"
+        "_import_msgspec_lean()\n"
+        "assert 'msgspec' in sys.modules and 'typing_extensions' not in sys.modules\n"
+        "import msgspec, typing_extensions\n"
+        "class P(msgspec.Struct):\n"
+        "    x: int\n"
+        "    y: 'str | None' = None\n"
+        "print(msgspec.json.Decoder(P).decode(b'{\"x\": 3}'), typing_extensions.__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.split() == ["P(x=3,", "y=None)", "typing_extensions"]
+
+
+def test_a_msgspec_that_needs_typing_extensions_is_imported_as_usual(tmp_path: Path) -> None:
+    """Should a msgspec release import typing_extensions unconditionally, the lean import
+    gives up and the usual import runs (a stand-in package that does so)."""
+    stand_in = tmp_path / "msgspec"
+    stand_in.mkdir()
+    (stand_in / "__init__.py").write_text("import typing_extensions\nLEAN = False\n")
+    script = (
+        "import sys\n"
+        "from scalelab.cli.trace import _import_msgspec_lean\n"
+        "_import_msgspec_lean()\n"
+        "assert 'msgspec' not in sys.modules\n"
+        "assert sys.modules.get('typing_extensions', 1) is not None\n"
+        "import msgspec\n"
+        "print(msgspec.LEAN, sys.modules['typing_extensions'].__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tmp_path), str(SRC)))}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.split() == ["False", "typing_extensions"]
+
+
 def test_the_full_analysis_without_the_kernel_report_is_otherwise_the_same() -> None:
     path = TRACES / "a100-ddp-rank0-of-2.json.gz"
     full, lean = analyze(path).to_dict(), analyze(path, kernels=False).to_dict()

@@ -11,11 +11,13 @@ less time than those imports take. They still appear in `scalelab --help`.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
 
+TYPE_CHECKING = False  # (no `typing` import: `scalelab trace` imports it later, beside its read)
 if TYPE_CHECKING:
+    from typing import Any
+
     import typer
 
 # verb -> module with `run(args: list[str]) -> int` (argparse; imports only what the verb needs)

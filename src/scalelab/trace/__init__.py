@@ -11,12 +11,16 @@ trace's metadata (`collectives`); what grew between two runs (`diff`). Never imp
     report.to_dict()                       # JSON-ready (schema scalelab.trace/2)
 """
 
+from __future__ import annotations
+
 import sys
 import types
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # (no `typing` import: see `load`)
 if TYPE_CHECKING:
+    from typing import Any
+
     from scalelab.trace.analyze import analyze, analyze_file
     from scalelab.trace.report import (
         Breakdown,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec.structs
 import numpy as np
 
 from scalelab.errors import InputError
@@ -91,7 +92,9 @@ def analyze(
         stragglers is not None
     ):  # waits are now known: bandwidth from the time after the last arrival
         ranks = [
-            replace(r, bandwidth=bandwidth_rows(r.comm_ops)) if r.comm_ops is not None else r
+            msgspec.structs.replace(r, bandwidth=bandwidth_rows(r.comm_ops))
+            if r.comm_ops is not None
+            else r
             for r in ranks
         ]
     return TraceReport(

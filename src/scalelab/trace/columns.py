@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Any
+
+from msgspec import Struct
 
 from scalelab.errors import InputError
 from scalelab.trace import classify
@@ -35,8 +36,7 @@ NAMED_PREFIXES = (
 Numbers = tuple[list[Any], bool]
 
 
-@dataclass(eq=False)
-class Columns:
+class Columns(Struct, eq=False):
     """A GPU trace's fields, as plain lists (rows of `device` are kernels, then copies)."""
 
     path: str
@@ -73,11 +73,10 @@ class Columns:
 
     @classmethod
     def from_tuple(cls, values: tuple[Any, ...]) -> Columns:
-        return cls(**dict(zip(_FIELDS, values, strict=True)))
+        return cls(*values)
 
 
-@dataclass(eq=False)
-class CpuTrace:
+class CpuTrace(Struct, eq=False):
     """A trace without device events: its events as dicts and its named host events."""
 
     raw: RawTrace
@@ -218,7 +217,7 @@ def merge(a: Columns, b: Columns) -> Columns:
     )
 
 
-_FIELDS = tuple(Columns.__dataclass_fields__)
+_FIELDS = Columns.__struct_fields__
 
 
 def _joined(*parts: Any) -> Any:

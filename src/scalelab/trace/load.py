@@ -9,13 +9,16 @@ becomes an `InputError` that names the file and says what is wrong, never a trac
 from __future__ import annotations
 
 import os
-import re
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
 
 from scalelab.errors import InputError
+
+# Neither `typing` nor `re` is imported here at run time: a command imports this module before
+# it starts reading its file (`prefetch`), and those imports (~10 ms) then run beside the read.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Literal
 
 try:  # ISA-L's inflate, 2-3x faster than zlib's (optional: the `fast` extra)
     from isal import isal_zlib as _inflate
@@ -23,26 +26,31 @@ except ImportError:
     _inflate = zlib  # type: ignore[assignment,misc,unused-ignore]
 
 # The typed fast path (`schema`, msgspec), imported on first use (`_typed`) so that a command
-# can start reading its file (`prefetch`) before that import; without msgspec the general
-# parser reads everything.
+# can start reading its file (`prefetch`) before that import.
 _schema: Any = None
-_schema_tried = False
 
 
 def _typed() -> Any:
-    """The `schema` module, or None without msgspec."""
-    global _schema, _schema_tried
-    if not _schema_tried:
-        _schema_tried = True
-        try:
-            from scalelab.trace import schema
-        except ImportError:  # pragma: no cover - msgspec is a dependency, optional at run time
-            schema = None  # type: ignore[assignment]
+    """The `schema` module."""
+    global _schema
+    if _schema is None:
+        from scalelab.trace import schema
+
         _schema = schema
     return _schema
 
 
-Parser = Literal["auto", "general"]
+if TYPE_CHECKING:
+    Parser = Literal["auto", "general"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Parser":  # `from scalelab.trace.load import Parser` at run time
+        from typing import Literal
+
+        return Literal["auto", "general"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -73,21 +81,45 @@ def mutable_buffer(size: int) -> bytearray | mmap.mmap:
     return mmap.mmap(-1, size, flags=flags[0] | flags[1])
 
 
-_BLANK = re.compile(rb"\s*\Z")
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_IN_NAME = r"rank[-_]?(\d+)"
 
 
-@dataclass(eq=False)
+def _blank(data: Buffer) -> bool:
+    """Whether the bytes are empty or only whitespace (what `\\s` matches: space, \\t \\n \\r
+    \\v \\f); a trace answers from its first bytes."""
+    if data[:64].strip():
+        return False
+    return not data or bytes(data).isspace()
+
+
 class RawTrace:
     """One parsed trace file: its events and its top-level metadata (everything but the events).
 
     `typed`: the events are `schema.Event` structs (the fast path) rather than dicts.
+
+    A plain class, not a dataclass: this module is imported before a command starts reading
+    its file, and `dataclasses` imports `inspect` (~10 ms of the command's start-up).
     """
 
-    path: str | Path  # (a command's plain path never imports pathlib: ~5 ms of its start-up)
-    events: list[Any]
-    metadata: dict[str, Any] = field(default_factory=dict)
-    typed: bool = False
+    __slots__ = ("events", "metadata", "path", "typed")
+
+    def __init__(
+        self,
+        path: str | Path,  # (a command's plain path never imports pathlib: ~5 ms of its start-up)
+        events: list[Any],
+        metadata: dict[str, Any] | None = None,
+        typed: bool = False,
+    ) -> None:
+        self.path = path
+        self.events = events
+        self.metadata: dict[str, Any] = {} if metadata is None else metadata
+        self.typed = typed
+
+    def __repr__(self) -> str:
+        return (
+            f"RawTrace(path={self.path!r}, events=<{len(self.events)}>, "
+            f"metadata={self.metadata!r}, typed={self.typed!r})"
+        )
 
     @property
     def rank(self) -> int | None:
@@ -95,7 +127,9 @@ class RawTrace:
         info = self.metadata.get("distributedInfo")
         if isinstance(info, dict) and isinstance(info.get("rank"), int):
             return int(info["rank"])
-        match = _RANK_IN_NAME.search(os.path.basename(self.path))
+        import re
+
+        match = re.search(_RANK_IN_NAME, os.path.basename(self.path), re.IGNORECASE)
         return int(match.group(1)) if match else None
 
     @property
@@ -202,14 +236,15 @@ def take_prefetched(path: str | Path) -> Buffer | None:
 
 
 def typed_parser_available() -> bool:
-    """Whether the msgspec fast path is installed."""
+    """Whether the msgspec fast path is there (imports it: a command calls this to import the
+    decoder while its file is read)."""
     return _typed() is not None
 
 
 def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
     """Read and parse one trace file; gzip is recognised by its magic bytes, not by the name.
 
-    `auto` decodes with the typed fast path (msgspec) when it is installed and the file fits its
+    `auto` decodes with the typed fast path (msgspec) where the file fits its
     types, and otherwise with orjson, which reads any trace and says what is wrong with a bad one;
     `general` always uses orjson.
     """
@@ -235,7 +270,7 @@ def _read_bytes(path: str | Path) -> Buffer:
     if data[:2] == GZIP_MAGIC:
         # In one call: a thread (`prefetch`) then releases the GIL once, not once a piece.
         data = inflate(data, where)
-    if _BLANK.match(data):  # empty or only whitespace (a match stops at the first other byte)
+    if _blank(data):
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
 

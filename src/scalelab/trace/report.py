@@ -6,8 +6,9 @@ All times are integer nanoseconds (`*_ns`), so that sums are exact: the steps of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from msgspec import Struct, field
 
 from scalelab.trace.classify import COLLECTIVES
 
@@ -32,8 +33,7 @@ TIME_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class CollectiveStats:
+class CollectiveStats(Struct, frozen=True):
     """One collective (AllReduce, AllGather, ...) in a window.
 
     `count`: events that start in the window; `total_ns`: length of the union of its events;
@@ -50,8 +50,7 @@ class CollectiveStats:
         return {"count": self.count, "total_ns": self.total_ns, "exposed_ns": self.exposed_ns}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Breakdown:
+class Breakdown(Struct, frozen=True, kw_only=True):
     """Where the time of one window (a step, the whole trace, or the rest) went.
 
     `compute_ns`, `comm_ns`: lengths of the unions of compute and of communication activity.
@@ -143,8 +142,7 @@ def _make(values: list[int], collectives: dict[str, CollectiveStats]) -> Breakdo
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class StepBreakdown(Breakdown):
+class StepBreakdown(Breakdown, frozen=True, kw_only=True):
     """One profiler step: `ProfilerStep#<step>`, its window starting at `start_ns`."""
 
     step: int
@@ -154,8 +152,7 @@ class StepBreakdown(Breakdown):
         return {"step": self.step, "start_ns": self.start_ns, **super().to_dict()}
 
 
-@dataclass(eq=False)
-class RankIntervals:
+class RankIntervals(Struct, eq=False):
     """A rank's activity as interval sets (what plots draw); kept only on request."""
 
     compute: IntervalSet
@@ -165,8 +162,7 @@ class RankIntervals:
     last_ns: int
 
 
-@dataclass(eq=False, kw_only=True)
-class RankReport:
+class RankReport(Struct, eq=False, kw_only=True):
     """The analysis of one trace file (one rank)."""
 
     path: str
@@ -190,8 +186,8 @@ class RankReport:
     kernels: KernelReport | None = None  # gpu traces: kernel classes, idle causes, launches
     # Collective bandwidth from the trace's own metadata (nccl-tests' definitions).
     bandwidth: list[BandwidthRow] = field(default_factory=list)
-    intervals: RankIntervals | None = field(default=None, repr=False, compare=False)
-    comm_ops: CommOps | None = field(default=None, repr=False, compare=False)
+    intervals: RankIntervals | None = None
+    comm_ops: CommOps | None = None
 
     @property
     def file(self) -> str:
@@ -218,8 +214,7 @@ class RankReport:
         }
 
 
-@dataclass(eq=False)
-class MetricSummary:
+class MetricSummary(Struct, eq=False):
     """One metric across ranks: mean, max, and which trace has the max."""
 
     mean: float
@@ -236,8 +231,7 @@ class MetricSummary:
         }
 
 
-@dataclass(eq=False, kw_only=True)
-class Summary:
+class Summary(Struct, eq=False, kw_only=True):
     """Across ranks. `basis` says what each rank contributes: its mean per step when every rank
     has steps, else its whole trace. The slowest rank is the one with the largest `wall_ns`: often
     not the cause but a rank that waited; the straggler (the rank whose collectives start last,
@@ -261,8 +255,7 @@ class Summary:
         }
 
 
-@dataclass(eq=False, kw_only=True)
-class TraceReport:
+class TraceReport(Struct, eq=False, kw_only=True):
     """What `scalelab.trace.analyze` returns: one RankReport per trace file and a Summary."""
 
     ranks: list[RankReport]

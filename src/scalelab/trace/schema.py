@@ -7,7 +7,8 @@ while parsing, which is about twice as fast on a million-event trace. Anything t
 the types (a malformed or unusual trace) raises, and the caller falls back to the general orjson
 path, which reads any trace and explains what is wrong with a bad one.
 
-Imported only when msgspec is installed (it is a dependency, but the analyser works without it).
+msgspec is a dependency: the report's types are msgspec Structs too (`report`, `columns`), which
+a command defines in a fraction of a dataclass's time.
 """
 
 from __future__ import annotations
