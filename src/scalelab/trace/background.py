@@ -248,6 +248,7 @@ def _gather_second(
     first part cannot be cut where the caller cuts it."""
     from scalelab.trace import load
 
+    load.keep_parsed = []  # this process leaves with os._exit: its events are never freed
     if data is None:
         tail = load.inflate_tail(packed or b"", at - len(_OPEN))
         if tail is None:
