@@ -167,11 +167,11 @@ def time_hta_process(folder: Path, python: str) -> float:
 
 
 def _warm_up(path: Path, env: dict[str, str], seconds: float = 3.0) -> None:
-    """Untimed runs of the first file (library call and command) for a few seconds: on the
-    2-core build VM the first seconds of load after idle ran ~10-15 % slower (the first file,
-    a100-ddp, measured 0.057-0.060 s in the library and 0.128-0.137 s as a command there, and
-    0.050-0.053 / 0.106-0.119 s in a run right after), which is the machine warming, not the
-    file. HTA, timed later, runs warm."""
+    """Untimed runs of the first file (library call and command) for a few seconds. On the
+    2-core build VM the first file timed after idle paid for the machine's warming: a100-ddp
+    measured 0.057 s (library) / 0.137 s (command) first in a full run and 0.052 / 0.132 s in
+    a run of it alone right after; another time 0.060 / 0.128 s, then 0.058 / 0.116-0.119 s
+    (2026-12-04). HTA, timed later, runs warm."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         analyze(path)
