@@ -50,15 +50,36 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return found
 
 
+def _where(pid: int, stderr_path: Path) -> str:
+    """Where a sweep that does not end is: its process tree, its threads' kernel waits, and its
+    Python stacks (faulthandler prints them on SIGABRT), for a failure that shows up under load."""
+    tree = subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,wchan:22,etime,args", "--forest", "-s", str(pid)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    waits = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            waits.append(f"thread {task.name}: {(task / 'wchan').read_text()}")
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGABRT)
+    time.sleep(2)
+    stacks = stderr_path.read_text(errors="replace")[-6000:]
+    return f"{tree}\n" + "\n".join(waits) + f"\n{stacks}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_no_process_of_the_run_survives(tmp_path: Path, sig: signal.Signals) -> None:
     mark = uuid.uuid4().hex
     sweep = write_sweep(tmp_path, LONG_SWEEP)
+    stderr_path = tmp_path / "sweep.stderr"
     proc = subprocess.Popen(
         [sys.executable, "-m", "scalelab", "sweep", str(sweep), "--out", str(tmp_path / "out")],
-        env=child_env(SCALELAB_TEST_MARK=mark),
+        env=child_env(SCALELAB_TEST_MARK=mark, PYTHONFAULTHANDLER="1"),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr_path.open("wb"),
         start_new_session=True,
     )
     try:
@@ -72,7 +93,12 @@ def test_no_process_of_the_run_survives(tmp_path: Path, sig: signal.Signals) -> 
         assert len(workers) >= 2, "the point's two workers never started"
         time.sleep(1.0)  # the workers are in rendezvous or training
         os.kill(proc.pid, sig)  # the sweep alone, as `kill PID` or Ctrl-C of a foreground job would
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the sweep did not end 60 s after {sig.name}:\n{_where(proc.pid, stderr_path)}"
+            )
         deadline = time.monotonic() + 40
         left = _marked(mark)
         while left and time.monotonic() < deadline:

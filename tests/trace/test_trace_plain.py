@@ -62,7 +62,8 @@ def test_what_the_plain_report_does_not_cover_is_left_to_the_full_analysis(
         plain.report([odd])
 
 
-def _importtime(*args: str) -> tuple[str, set[str]]:
+def _importtime(*args: str) -> tuple[str, list[str]]:
+    """The command's output and the modules it imported, in the order their imports ended."""
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "scalelab", "trace", *args],
@@ -73,7 +74,7 @@ def _importtime(*args: str) -> tuple[str, set[str]]:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-500:]
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    imported = [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
     return done.stdout, imported
 
 
@@ -87,25 +88,11 @@ def test_the_default_command_does_not_import_numpy() -> None:
     assert "numpy" in imported and "kernel time by class" in out
 
 
-def _import_order(*args: str) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "scalelab", "trace", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-500:]
-    return [line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line]
-
-
 def test_the_command_reads_its_file_beside_the_decoders_imports() -> None:
     """The command's start-up: the file's read (a thread, `threading`) starts before `typing`
     is imported (by msgspec), and msgspec comes without typing_extensions and `inspect`
     (~17 ms); no dataclass on the path (`dataclasses` imports `inspect` too)."""
-    order = _import_order(str(TRACES / "a100-ddp-rank0-of-2.json.gz"))
+    _, order = _importtime(str(TRACES / "a100-ddp-rank0-of-2.json.gz"))
     assert order.index("threading") < order.index("typing") < order.index("msgspec")
     # (importtime lists typing_extensions for the attempts refused; loaded, it imports inspect)
     for absent in ("inspect", "dataclasses", "numpy"):
