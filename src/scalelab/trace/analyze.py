@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -193,6 +194,7 @@ def analyze_file(
             windows.start_ns,
             windows.end_ns,
             [(name, exposed) for name, _, exposed, _ in sets.collectives],
+            exposed=sets.exposed,
         )
         if kernels
         else None,
@@ -260,14 +262,15 @@ def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
 
 @dataclass(eq=False)
 class _Sets:
-    """The interval sets every window is measured against."""
+    """The interval sets every window is measured against: unions only. Within any window,
+    |A and B| = |A| + |B| - |A or B| and |A - B| = |A or B| - |B|, exactly (integers), so overlap,
+    exposed communication and copy-only time need no intersection or difference of their own
+    (as `plain` measures them)."""
 
     compute: IntervalSet
     comm: IntervalSet
-    overlap: IntervalSet
-    exposed: IntervalSet
-    busy: IntervalSet
-    copy_only: IntervalSet
+    compute_or_comm: IntervalSet
+    busy: IntervalSet  # compute, communication or a copy
     # Per collective present: name, its union, its exposed part, its events' sorted start times.
     collectives: list[tuple[str, IntervalSet, IntervalSet, Int64Array]]
 
@@ -285,15 +288,19 @@ class _Sets:
                     np.sort(t.comm_start_ns[mine]),
                 )
             )
+        compute_or_comm = t.compute.union(t.comm)
         return cls(
             compute=t.compute,
             comm=t.comm,
-            overlap=t.comm.intersection(t.compute),
-            exposed=t.comm.difference(t.compute),
-            busy=t.compute.union(t.comm).union(t.copy),
-            copy_only=t.copy.difference(t.compute).difference(t.comm),
+            compute_or_comm=compute_or_comm,
+            busy=compute_or_comm.union(t.copy),
             collectives=collectives,
         )
+
+    @functools.cached_property
+    def exposed(self) -> IntervalSet:
+        """Communication with no compute running, as a set (the kernel report, plots)."""
+        return self.comm.difference(self.compute)
 
 
 def _measure(
@@ -304,9 +311,10 @@ def _measure(
     wall = hi - lo
     compute = sets.compute.covered_in(lo, hi)
     comm = sets.comm.covered_in(lo, hi)
-    overlap = sets.overlap.covered_in(lo, hi)
+    compute_or_comm = sets.compute_or_comm.covered_in(lo, hi)
     busy = sets.busy.covered_in(lo, hi)
-    copy_only = sets.copy_only.covered_in(lo, hi)
+    overlap = compute + comm - compute_or_comm
+    copy_only = busy - compute_or_comm
     per_collective = []
     for name, union, exposed, starts in sets.collectives:
         count = np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left")

@@ -183,8 +183,10 @@ def kernel_report(
     step_start_ns: Int64Array,
     step_end_ns: Int64Array,
     exposed_by_collective: list[tuple[str, IntervalSet]] | None = None,
+    exposed: IntervalSet | None = None,
 ) -> KernelReport | None:
-    """The kernel view of a GPU trace's timeline; None for CPU traces."""
+    """The kernel view of a GPU trace's timeline; None for CPU traces. `exposed`: `comm` less
+    `compute`, where the caller has it already."""
     d = t.device
     if d is None:
         return None
@@ -226,7 +228,7 @@ def kernel_report(
     classes.sort(key=lambda c: -c.total_ns)
     return KernelReport(
         classes=classes,
-        annotations=_annotations(t, compute, comm, exposed_by_collective or []),
+        annotations=_annotations(t, compute, comm, exposed_by_collective or [], exposed),
         streams=_stream_idle(t),
         launches=_launch_stats(t),
         compute_class_ns_by_step=_compute_classes_by_step(
@@ -266,13 +268,15 @@ def _annotations(
     compute: IntervalSet,
     comm: IntervalSet,
     exposed_by_collective: list[tuple[str, IntervalSet]],
+    exposed: IntervalSet | None = None,
 ) -> list[AnnotationStat]:
     d = t.device
     assert d is not None
     if d.annotation_start_ns.size == 0:
         return []
     lo, hi = d.annotation_start_ns, d.annotation_end_ns
-    exposed = comm.difference(compute)
+    if exposed is None:
+        exposed = comm.difference(compute)
     c_compute = compute.covered_in(lo, hi)
     c_comm = comm.covered_in(lo, hi)
     c_exposed = exposed.covered_in(lo, hi)
