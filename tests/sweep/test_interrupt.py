@@ -50,6 +50,15 @@ def _marked(mark: str) -> list[tuple[int, str]]:
     return found
 
 
+def _as_a_foreground_job() -> None:
+    """The sweep gets SIGINT and SIGTERM as a job started from a terminal does. A test runner
+    started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT ignored,
+    and Python keeps an inherited SIG_IGN: the sweep would then never see the SIGINT sent here
+    (the .ci/run failures of 2026-12-04: the sweep still in its poll loop 60 s later)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _where(pid: int, stderr_path: Path) -> str:
     """Where a sweep that does not end is: its process tree, its threads' kernel waits, and its
     Python stacks (faulthandler prints them on SIGABRT), for a failure that shows up under load."""
@@ -81,6 +90,7 @@ def test_no_process_of_the_run_survives(tmp_path: Path, sig: signal.Signals) -> 
         stdout=subprocess.DEVNULL,
         stderr=stderr_path.open("wb"),
         start_new_session=True,
+        preexec_fn=_as_a_foreground_job,
     )
     try:
         deadline = time.monotonic() + 120
