@@ -229,7 +229,7 @@ def _fork(
             payload = _gather_second(path, data, packed, at)
         except BaseException:
             payload = None
-        _send(write_end, payload, arrays=True)
+        _send(write_end, payload)
     os.close(write_end)
     return _Split(pid, read_end, at, data, packed, arrays)
 
@@ -396,10 +396,10 @@ def _reap_all() -> None:
             os.waitpid(pid, 0)
 
 
-def _send(write_end: int, payload: Any, *, arrays: bool = False) -> None:
-    """The child's last act: the payload (plain values) into the pipe, then exit. `arrays`:
-    the large numeric columns as the bytes of C arrays where every value fits (`_as_arrays`),
-    which the caller takes as numpy arrays without making a Python number of each, or turns
+def _send(write_end: int, payload: Any) -> None:
+    """The child's last act: the payload (plain values) into the pipe, then exit. Columns go
+    with their large numeric columns as the bytes of C arrays where every value fits
+    (`_as_arrays`), which the caller takes as numpy arrays without making a Python number of each, or turns
     back into the same lists (`_tolist`): marshal writes and reads a list a number at a time
     (a100-ddp's child part: 5.5 ms to write, 2.4 to read; as arrays ~2 and ~1)."""
     try:
@@ -411,10 +411,9 @@ def _send(write_end: int, payload: Any, *, arrays: bool = False) -> None:
             for f in ("kernel_names", "copy_names", "annotation_names"):
                 seen: dict[Any, Any] = {}
                 setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
-            if arrays:
-                from array import array
+            from array import array
 
-                _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
+            _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
             payload = (columns.to_tuple(), payload[1])
         with os.fdopen(write_end, "wb") as out:
             out.write(marshal.dumps(payload))
@@ -422,7 +421,7 @@ def _send(write_end: int, payload: Any, *, arrays: bool = False) -> None:
         os._exit(0)
 
 
-# Numeric columns carried as arrays (`_send(arrays=True)`): float64 and int64 ones. A column
+# Numeric columns carried as arrays (`_send`): float64 and int64 ones. A column
 # some value of which does not fit (a missing field, a None, a huge id) stays a list.
 _FLOAT_COLUMNS = ("device_ts", "device_dur", "runtime_ts", "runtime_dur")
 _INT_COLUMNS = ("device_corr", "runtime_corr")
