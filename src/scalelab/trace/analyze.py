@@ -225,7 +225,7 @@ def _read(
     if workers is None:
         workers = 2 if background.spare_core() else 1
     if gathered is None and parser == "auto" and workers > 1:
-        gathered = background.gather_in_two(path, arrays=True)
+        gathered = background.gather_in_two(path, arrays=True, keep_helper=True)
     if gathered is not None:
         values, metadata = gathered
         try:

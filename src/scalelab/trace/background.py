@@ -12,10 +12,16 @@ A child sends its columns back through a pipe with `marshal` (plain values only)
 `os._exit`. Anything unusual (a CPU trace, a trace the typed decoder cannot read, a bad file, a
 child that died) sends nothing, and the file is read in the calling process as usual, which
 reports any error as it always does.
+
+The library call's second process is kept for the next file (`_Helper`, up to `HELPER_IDLE_S`
+after its last one) instead of being forked for each: right after a fork, every page of freed
+memory that either process fills again is copied on write (~2,100 faults, 5-7 ms on each side of
+a100-ddp's halves); a kept helper fills its own.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import marshal
 import os
@@ -122,7 +128,11 @@ _SEAM_NEAR = 1 << 16  # tried first (1 MB more to inflate is ~1.5 ms)
 
 
 def gather_in_two(
-    path: str | Path, *, min_bytes: int = SPLIT_MIN_BYTES, arrays: bool = False
+    path: str | Path,
+    *,
+    min_bytes: int = SPLIT_MIN_BYTES,
+    arrays: bool = False,
+    keep_helper: bool = False,
 ) -> tuple[Any, dict[str, Any]] | None:
     """A large trace's columns gathered by two processes at once: this one decodes and gathers
     the first part of its events while a forked child does the rest; the parts' columns are
@@ -137,10 +147,13 @@ def gather_in_two(
     None (the caller reads the file as usual) where that does not apply: no `os.fork`, other
     threads running (forking them is unsafe), a small file, an unusual layout, a part the typed
     decoder cannot read, a CPU trace or a trace without launch calls. Decompressed files under
-    `min_bytes` are left to one process."""
+    `min_bytes` are left to one process.
+
+    `keep_helper`: a gzipped file's second part goes to the kept helper (`_Helper`; started
+    now if there is none), which stays for the next file, rather than to a child of its own."""
     split = _splits.pop(str(path), None)
     if split is None:
-        split = _fork(path, min_bytes, None, arrays=arrays)
+        split = _fork(path, min_bytes, None, arrays=arrays, keep_helper=keep_helper)
     if split is None:
         return None
     return _finish(path, split)
@@ -154,7 +167,7 @@ class _Split:
     """A forked child decoding a file's second part, from byte `at` on. (A plain class: this
     module is imported before the fork, `dataclasses` would import `inspect`, ~10 ms.)"""
 
-    __slots__ = ("arrays", "at", "data", "packed", "pid", "read_end")
+    __slots__ = ("arrays", "at", "data", "helper", "packed", "pid", "read_end")
 
     def __init__(
         self,
@@ -164,6 +177,7 @@ class _Split:
         data: load.Buffer | None,  # the whole file's bytes, or None: the caller inflates its part
         packed: bytes | None,
         arrays: bool = False,  # numeric columns as numpy arrays (`gather_in_two`)
+        helper: _Helper | None = None,  # the kept helper decodes it (its lock is held)
     ) -> None:
         self.pid = pid
         self.read_end = read_end
@@ -171,6 +185,7 @@ class _Split:
         self.data = data
         self.packed = packed
         self.arrays = arrays
+        self.helper = helper
 
 
 def split_start(path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BYTES) -> bool:
@@ -186,11 +201,16 @@ def split_start(path: str | Path, share: float, *, min_bytes: int = SPLIT_MIN_BY
 
 
 def _fork(
-    path: str | Path, min_bytes: int, share: float | None, *, arrays: bool = False
+    path: str | Path,
+    min_bytes: int,
+    share: float | None,
+    *,
+    arrays: bool = False,
+    keep_helper: bool = False,
 ) -> _Split | None:
     from scalelab.trace import load
 
-    if not available() or not _single_threaded():
+    if not available() or not (keep_helper or _single_threaded()):
         return None
     data = load.take_prefetched(path)
     packed = None
@@ -221,10 +241,17 @@ def _fork(
         load.remember(path, data)  # for the caller, if it must read the file after all
         if split_point(data, at) is None:
             return None
+    if keep_helper and packed is not None:
+        helper = _ask_helper(str(path), at, packed)
+        if helper is not None:
+            return _Split(helper.pid, helper.replies, at, None, packed, arrays, helper)
+    if not _single_threaded():
+        return None
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
+        load.keep_parsed = []  # this process leaves with os._exit: its events are never freed
         try:
             payload = _gather_second(path, data, packed, at)
         except BaseException:
@@ -248,7 +275,6 @@ def _gather_second(
     first part cannot be cut where the caller cuts it."""
     from scalelab.trace import load
 
-    load.keep_parsed = []  # this process leaves with os._exit: its events are never freed
     if data is None:
         tail = load.inflate_tail(packed or b"", at - len(_OPEN))
         if tail is None:
@@ -270,7 +296,55 @@ def _gather_second(
 
 
 def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
-    """This process's part of a split, the child's columns, merged."""
+    """This process's part of a split, the other process's columns, merged. However this ends
+    (an interrupt included), the other process is answered for: its reply read, or it is
+    stopped (`_abandon`)."""
+    theirs: Any = _ABANDONED
+    try:
+        mine = _first_part(path, split)
+        theirs = (
+            _helper_reply(split.helper) if split.helper else _receive(split.pid, split.read_end)
+        )
+    finally:
+        if theirs is _ABANDONED:
+            _abandon(split)
+        if split.helper is not None:
+            _helper_lock.release()
+    if mine is None or theirs is None:
+        return None
+    from scalelab.trace import load
+    from scalelab.trace.columns import Columns, merge
+
+    columns = Columns.from_tuple(theirs[0])
+    if split.arrays:
+        _as_arrays(columns, _frombuffer, _np().float64, _np().int64)
+    else:
+        _as_arrays(columns, _tolist, "d", "q")
+    merged = merge(mine[0], columns)
+    if not (merged.n_kernels or merged.copy_names) or len(merged.runtime_corr) == 0:
+        return None  # a CPU trace, or one without launch calls: the whole path decides
+    load.forget(path)
+    return merged, {**theirs[1], **mine[1]}
+
+
+_ABANDONED = object()
+
+
+def _abandon(split: _Split) -> None:
+    """The other process of a split whose reply will not be read: a kept helper is dropped
+    (stopped, so that its late reply can never answer another file), a child stopped."""
+    if split.helper is not None:
+        _drop_helper(split.helper)
+        return
+    with contextlib.suppress(OSError):
+        os.close(split.read_end)
+    with contextlib.suppress(OSError):
+        os.kill(split.pid, 9)
+    _reap(split.pid)
+
+
+def _first_part(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | None:
+    """This process's part of a split (None if it cannot be read this way)."""
     from scalelab.trace import load
 
     data, at = split.data, split.at
@@ -294,21 +368,7 @@ def _finish(path: str | Path, split: _Split) -> tuple[Any, dict[str, Any]] | Non
                 _as_arrays(mine[0], _fromiter, _np().float64, _np().int64)
     except Exception:
         mine = None
-    theirs = _receive(split.pid, split.read_end)
-    if mine is None or theirs is None:
-        return None
-    from scalelab.trace.columns import Columns, merge
-
-    columns = Columns.from_tuple(theirs[0])
-    if split.arrays:
-        _as_arrays(columns, _frombuffer, _np().float64, _np().int64)
-    else:
-        _as_arrays(columns, _tolist, "d", "q")
-    merged = merge(mine[0], columns)
-    if not (merged.n_kernels or merged.copy_names) or len(merged.runtime_corr) == 0:
-        return None  # a CPU trace, or one without launch calls: the whole path decides
-    load.forget(path)
-    return merged, {**theirs[1], **mine[1]}
+    return mine
 
 
 def _gather_first(
@@ -403,22 +463,27 @@ def _send(write_end: int, payload: Any) -> None:
     back into the same lists (`_tolist`): marshal writes and reads a list a number at a time
     (a100-ddp's child part: 5.5 ms to write, 2.4 to read; as arrays ~2 and ~1)."""
     try:
-        if payload is not None and not isinstance(payload[0], tuple):
-            columns = payload[0]
-            # One object per distinct name: marshal then writes each name once and refers to
-            # it after (kernel names are ~2/3 of the bytes: a100-rank0-of-16's columns 3.5 ->
-            # 1.3 MB, loaded in 6.9 instead of 8.6 ms), and the caller makes no copies of them.
-            for f in ("kernel_names", "copy_names", "annotation_names"):
-                seen: dict[Any, Any] = {}
-                setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
-            from array import array
-
-            _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
-            payload = (columns.to_tuple(), payload[1])
         with os.fdopen(write_end, "wb") as out:
-            out.write(marshal.dumps(payload))
+            out.write(_encode(payload))
     finally:
         os._exit(0)
+
+
+def _encode(payload: Any) -> bytes:
+    """A part's columns and metadata as `marshal` bytes (see `_send`)."""
+    if payload is not None and not isinstance(payload[0], tuple):
+        columns = payload[0]
+        # One object per distinct name: marshal then writes each name once and refers to
+        # it after (kernel names are ~2/3 of the bytes: a100-rank0-of-16's columns 3.5 ->
+        # 1.3 MB, loaded in 6.9 instead of 8.6 ms), and the caller makes no copies of them.
+        for f in ("kernel_names", "copy_names", "annotation_names"):
+            seen: dict[Any, Any] = {}
+            setattr(columns, f, list(map(seen.setdefault, *(getattr(columns, f),) * 2)))
+        from array import array
+
+        _as_arrays(columns, lambda values, code: array(code, values).tobytes(), "d", "q")
+        payload = (columns.to_tuple(), payload[1])
+    return marshal.dumps(payload)
 
 
 # Numeric columns carried as arrays (`_send`): float64 and int64 ones. A column
@@ -486,3 +551,237 @@ def take(path: str | Path) -> tuple[Any, dict[str, Any]] | None:
 
     values, metadata = payload
     return Columns.from_tuple(values), metadata
+
+
+# The kept helper (`gather_in_two(..., keep_helper=True)`, the library call's split).
+
+
+class _Helper:
+    """A process forked once and kept, that decodes the second part of each large gzipped file
+    this process reads in two, until it has had no file for `HELPER_IDLE_S` or this process
+    has gone. It holds only its two pipes (every other inherited file descriptor is closed:
+    a pipe of this process's must not stay open through it) and ignores SIGINT (an interrupt
+    is this process's to handle: it drops the helper)."""
+
+    __slots__ = ("owner", "pid", "replies", "requests")
+
+    def __init__(self, pid: int, requests: int, replies: int) -> None:
+        self.pid = pid
+        self.requests = requests  # write end: (path, at, the gzipped bytes) per file
+        self.replies = replies  # read end: the part's columns, as `_encode` writes them
+        self.owner = os.getpid()
+
+
+# A helper that has had no file for this long exits (its memory is then the system's again); a
+# file asked of it meanwhile is read in one process (`_helper_reply`: its reply is missing).
+HELPER_IDLE_S = 2.0
+_helper: _Helper | None = None
+_helper_lock = _thread.allocate_lock()  # one file at a time (held from request to reply)
+_hooks_registered = False
+
+
+def _ask_helper(path: str, at: int, packed: bytes) -> _Helper | None:
+    """Send a file's second part to the kept helper (started if there is none, or if the one
+    kept has exited); its lock is then held until `_finish` takes the reply. None if no helper
+    can take it now (another thread is using it, or none can be forked)."""
+    if not _helper_lock.acquire(blocking=False):
+        return None
+    try:
+        for _attempt in range(2):
+            helper = _helper if _helper is not None and _helper.owner == os.getpid() else None
+            if helper is None or _exited(helper.pid):
+                if helper is not None:
+                    _drop_helper(helper)
+                helper = _start_helper()
+                if helper is None:
+                    break
+            try:
+                _write_message(helper.requests, marshal.dumps((path, at, packed)))
+            except OSError:  # it exited just now (idle): start another, once
+                _drop_helper(helper)
+                continue
+            return helper
+    except BaseException:
+        _helper_lock.release()
+        raise
+    _helper_lock.release()
+    return None
+
+
+def _exited(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # collected by someone else: gone
+        return True
+    return done != 0
+
+
+def _start_helper() -> _Helper | None:
+    global _helper, _hooks_registered
+    if not _single_threaded():
+        return None
+    requests_read, requests_write = os.pipe()
+    replies_read, replies_write = os.pipe()
+    for fd in (requests_write, replies_write):
+        _widen(fd)
+    pid = os.fork()
+    if pid == 0:  # the helper: never returns
+        os.close(requests_write)
+        os.close(replies_read)
+        _serve(requests_read, replies_write)
+    os.close(requests_read)
+    os.close(replies_write)
+    _helper = _Helper(pid, requests_write, replies_read)
+    if not _hooks_registered:
+        import atexit
+
+        os.register_at_fork(after_in_child=_forget_inherited_helper)
+        atexit.register(_stop_helper)
+        _hooks_registered = True
+    return _helper
+
+
+def _widen(fd: int) -> None:
+    """A pipe that holds a whole request or reply (up to 1 MB, Linux's limit for a user), so
+    that its writer need not wait for its reader."""
+    import fcntl
+
+    size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if size is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, size, 1 << 20)
+
+
+def _serve(requests: int, replies: int) -> None:
+    """The helper's life: each request's part decoded and sent back, its events freed after
+    the reply (while the caller measures); it ends when the caller has gone, closed its end,
+    or sent nothing for `HELPER_IDLE_S`."""
+    try:
+        import select
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        low, high = sorted((requests, replies))
+        os.closerange(3, low)
+        os.closerange(low + 1, high)
+        os.closerange(high + 1, 1 << 20)
+        from scalelab.trace import load
+
+        parent = os.getppid()
+        while True:
+            ready, _, _ = select.select([requests], [], [], HELPER_IDLE_S)
+            if not ready or os.getppid() != parent:
+                break
+            message = _read_message(requests)
+            if message is None:
+                break
+            load.keep_parsed = []
+            try:
+                path, at, packed = marshal.loads(message)
+                reply = _encode(_gather_second(path, None, packed, at))
+            except Exception:  # this part cannot be read so: the caller reads the file whole
+                reply = marshal.dumps(None)
+            del message
+            _write_message(replies, reply)
+            del reply
+            load.keep_parsed = None  # this file's events freed, after the reply
+    finally:
+        os._exit(0)
+
+
+def _helper_reply(helper: _Helper) -> Any:
+    """The helper's columns for the file asked of it; None if it could not read its part or has
+    exited (then it is dropped: the caller reads the file in one process)."""
+    message = None
+    with contextlib.suppress(OSError):
+        message = _read_message(helper.replies)
+    if message is None:
+        _drop_helper(helper)
+        return None
+    try:
+        return marshal.loads(message)
+    except (EOFError, ValueError, TypeError):
+        _drop_helper(helper)
+        return None
+
+
+def _drop_helper(helper: _Helper) -> None:
+    """Stop a kept helper now (it may be busy) and forget it."""
+    global _helper
+    if _helper is helper:
+        _helper = None
+    for fd in (helper.requests, helper.replies):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if helper.owner == os.getpid():
+        with contextlib.suppress(OSError):
+            os.kill(helper.pid, 9)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(helper.pid, 0)
+
+
+def _forget_inherited_helper() -> None:
+    """In a process forked from one with a helper: that helper is not this process's; its
+    pipes are closed here (the owner's stay open) and a helper of its own is started if needed."""
+    global _helper
+    helper = _helper
+    if helper is not None and helper.owner != os.getpid():
+        _helper = None
+        for fd in (helper.requests, helper.replies):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _stop_helper() -> None:
+    """At exit: the helper sees its requests end and leaves; it is collected (stopped if it
+    has not left within a second)."""
+    global _helper
+    helper = _helper
+    if helper is None or helper.owner != os.getpid():
+        return
+    _helper = None
+    for fd in (helper.requests, helper.replies):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    import time
+
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        if _exited(helper.pid):
+            return
+        time.sleep(0.005)
+    with contextlib.suppress(OSError):
+        os.kill(helper.pid, 9)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(helper.pid, 0)
+
+
+def _write_message(fd: int, body: bytes) -> None:
+    """A message: its length (8 bytes, little-endian), then its bytes; all written."""
+    view = memoryview(len(body).to_bytes(8, "little") + body)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _read_message(fd: int) -> bytearray | None:
+    """The next message on `fd` (see `_write_message`); None at the end of the stream."""
+    header = _read_exactly(fd, 8)
+    if header is None:
+        return None
+    size = int.from_bytes(header, "little")
+    return _read_exactly(fd, size) if size else bytearray()
+
+
+def _read_exactly(fd: int, size: int) -> bytearray | None:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            return None
+        got += n
+    return buffer
