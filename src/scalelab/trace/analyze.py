@@ -13,7 +13,7 @@ import msgspec.structs
 import numpy as np
 
 from scalelab.errors import InputError
-from scalelab.trace import background, load
+from scalelab.trace import background, load, schema  # noqa: F401 (see below)
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
@@ -32,6 +32,11 @@ from scalelab.trace.steps import StepWindows, step_windows
 
 if TYPE_CHECKING:
     from scalelab.trace.stragglers import StragglerReport
+
+
+# `schema` (the typed decoder, built when imported: ~4 ms) is imported with the analysis, not in
+# its first call; `load` imports it on first use, so that a command can start reading its file
+# first (`load.prefetch`), and a command's plain report never imports this module.
 
 
 def analyze(
