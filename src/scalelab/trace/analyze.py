@@ -58,8 +58,9 @@ def analyze(
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
     `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
     `workers`: processes that decode one large file (default: 2 where a second core is free
-    now, `background.spare_core`; see `background.gather_in_two`, which says when it applies);
-    results are the same with any number.
+    now, `background.spare_core`; see `background.gather_in_two`, which says when it applies;
+    the second process is kept for the next file for 2 s, `background._Helper`); results are
+    the same with any number.
     `kernels=False` leaves out each rank's kernel report (`RankReport.kernels` is None: kernel
     classes, idle causes, launch statistics), for callers that do not show it.
     """
