@@ -144,6 +144,24 @@ def test_an_interrupt_for_the_caller_does_not_stop_the_helper() -> None:
     assert taken is not None and background._helper is helper
 
 
+def test_the_helper_runs_none_of_the_callers_signal_handlers(tmp_path: Path) -> None:
+    """A caller's SIGTERM handler (one that cleans up its files, say) is not run by the
+    helper: a SIGTERM ends the helper as it ends any process without a handler."""
+    marker = tmp_path / "handled"
+    previous = signal.signal(signal.SIGTERM, lambda *_: marker.write_text("ran"))
+    try:
+        assert background.gather_in_two(GPU, keep_helper=True) is not None
+        helper = background._helper
+        assert helper is not None
+        os.kill(helper.pid, signal.SIGTERM)
+        _, status = os.waitpid(helper.pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert not marker.exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        background._helper = None
+
+
 def test_the_helper_holds_none_of_the_callers_pipes_open() -> None:
     """A pipe the caller closes must reach its end for its reader, helper or not."""
     read_end, write_end = os.pipe()

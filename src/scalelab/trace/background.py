@@ -560,8 +560,9 @@ class _Helper:
     """A process forked once and kept, that decodes the second part of each large gzipped file
     this process reads in two, until it has had no file for `HELPER_IDLE_S` or this process
     has gone. It holds only its two pipes (every other inherited file descriptor is closed:
-    a pipe of this process's must not stay open through it) and ignores SIGINT (an interrupt
-    is this process's to handle: it drops the helper)."""
+    a pipe of this process's must not stay open through it), ignores SIGINT (an interrupt is
+    this process's to handle: it drops the helper) and runs none of this process's signal
+    handlers (a SIGTERM handler that cleans up files must not run in it)."""
 
     __slots__ = ("owner", "pid", "replies", "requests")
 
@@ -660,6 +661,10 @@ def _serve(requests: int, replies: int) -> None:
         import select
         import signal
 
+        for number in signal.valid_signals():  # the caller's handlers are not for this process
+            with contextlib.suppress(OSError, ValueError):
+                if callable(signal.getsignal(number)):
+                    signal.signal(number, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
