@@ -162,6 +162,41 @@ def test_the_helper_runs_none_of_the_callers_signal_handlers(tmp_path: Path) -> 
         background._helper = None
 
 
+def test_no_helper_where_sigpipe_would_kill_the_caller() -> None:
+    """A program that restored SIGPIPE's default would die writing to a helper that left a
+    moment before: its large files are split by a child of their own instead."""
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        taken = background.gather_in_two(GPU, keep_helper=True)
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+    assert taken is not None and taken[0].to_tuple() == _whole()
+    assert background._helper is None
+
+
+def test_no_helper_in_a_process_without_standard_input() -> None:
+    """Its pipes would take descriptor 0, which the helper points at /dev/null: the file is
+    split by a child of its own instead, to the same columns."""
+    code = (
+        "import sys\n"
+        "from scalelab.trace import background, load\n"
+        "from scalelab.trace.columns import gather\n"
+        "taken = background.gather_in_two(sys.argv[1], keep_helper=True)\n"
+        "whole = gather(load.read_trace(sys.argv[1]))\n"
+        "print(taken is not None and taken[0].to_tuple() == whole.to_tuple(), "
+        "background._helper is None)\n"
+    )
+    done = subprocess.run(
+        ["sh", "-c", 'exec 0<&- "$0" -c "$1" "$2"', sys.executable, code, str(GPU)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout.split() == ["True", "True"], done.stderr[-500:]
+
+
 def test_the_helper_holds_none_of_the_callers_pipes_open() -> None:
     """A pipe the caller closes must reach its end for its reader, helper or not."""
     read_end, write_end = os.pipe()

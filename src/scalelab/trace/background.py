@@ -584,7 +584,13 @@ _hooks_registered = False
 def _ask_helper(path: str, at: int, packed: bytes) -> _Helper | None:
     """Send a file's second part to the kept helper (started if there is none, or if the one
     kept has exited); its lock is then held until `_finish` takes the reply. None if no helper
-    can take it now (another thread is using it, or none can be forked)."""
+    can take it now (another thread is using it, or none can be forked), or if this process
+    would die of SIGPIPE writing to a helper that has just left (Python ignores SIGPIPE; a
+    program may have restored its default)."""
+    import signal
+
+    if signal.getsignal(signal.SIGPIPE) != signal.SIG_IGN:
+        return None
     if not _helper_lock.acquire(blocking=False):
         return None
     try:
@@ -623,6 +629,11 @@ def _start_helper() -> _Helper | None:
         return None
     requests_read, requests_write = os.pipe()
     replies_read, replies_write = os.pipe()
+    pipes = (requests_read, requests_write, replies_read, replies_write)
+    if min(pipes) < 3:  # this process has closed its standard input, output or error
+        for fd in pipes:
+            os.close(fd)
+        return None
     for fd in (requests_write, replies_write):
         _widen(fd)
     pid = os.fork()
