@@ -729,14 +729,19 @@ def _drop_helper(helper: _Helper) -> None:
     global _helper
     if _helper is helper:
         _helper = None
-    for fd in (helper.requests, helper.replies):
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    _close_pipes(helper)
     if helper.owner == os.getpid():
         with contextlib.suppress(OSError):
             os.kill(helper.pid, 9)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(helper.pid, 0)
+
+
+def _close_pipes(helper: _Helper) -> None:
+    """This process's ends of a helper's pipes, closed (the helper sees its requests end)."""
+    for fd in (helper.requests, helper.replies):
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _forget_inherited_helper() -> None:
@@ -746,9 +751,7 @@ def _forget_inherited_helper() -> None:
     helper = _helper
     if helper is not None and helper.owner != os.getpid():
         _helper = None
-        for fd in (helper.requests, helper.replies):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close_pipes(helper)
 
 
 def _stop_helper() -> None:
@@ -759,9 +762,7 @@ def _stop_helper() -> None:
     if helper is None or helper.owner != os.getpid():
         return
     _helper = None
-    for fd in (helper.requests, helper.replies):
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    _close_pipes(helper)
     import time
 
     deadline = time.monotonic() + 1.0
