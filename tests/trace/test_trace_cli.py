@@ -63,6 +63,7 @@ def test_table_output_with_per_step(capsys: pytest.CaptureFixture[str]) -> None:
             str(TRACES / "rank3-of-8.json.gz"),
             str(TRACES / "cpu-gloo-rank34-of-300.json.gz"),
             "--per-step",
+            "--unrelated",  # two different jobs
         ],
         capsys,
     )
@@ -206,30 +207,34 @@ def test_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
     assert "truncated gzip" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_command_starts_without_the_heavy_imports() -> None:
-    """`scalelab trace` is parsed before typer, pydantic and the other verbs are imported."""
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "scalelab",
-            "trace",
-            str(TRACES / "amd-mi250-rocm.json.gz"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-500:]
-    assert "exposed communication per rank" in done.stdout
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
-    for heavy in ("typer", "click", "pydantic", "rich", "torch", "pandas", "scipy", "matplotlib"):
-        assert heavy not in imported, heavy
+def test_trace_help_is_typers_like_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    from typer.testing import CliRunner
+
+    from scalelab.cli import app
+
+    result = CliRunner().invoke(app, ["trace", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for flag in ("--json", "--per-step", "--plot-step", "--kernel-wait-ns", "--unrelated"):
+        assert flag in result.output
+    assert "╭" in result.output  # rich's panels, as `scalelab predict --help` shows
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        (["--plot-step", "3"], ("--plot-step", "--plot DIR")),
+        (["--plot", "PLOTS", "--plot-step", "-1"], ("--plot-step", "0 or more", "-1")),
+        (["--kernel-wait-ns", "-5"], ("--kernel-wait-ns", "0 or more")),
+        (["--workers", "0"], ("--workers", "1 or more")),
+    ],
+)
+def test_option_mistakes_get_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], fragments: tuple[str, ...]
+) -> None:
+    extra = [str(tmp_path / e) if e == "PLOTS" else e for e in extra]
+    code, out, err = run_cli([str(TRACES / "amd-mi250-rocm.json.gz"), *extra], capsys)
+    assert_one_line_error(code, out, err, *fragments)
+    assert not (tmp_path / "PLOTS").exists()
 
 
 def test_help_lists_trace_and_typer_forwards_to_it(capsys: pytest.CaptureFixture[str]) -> None:

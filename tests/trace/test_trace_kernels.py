@@ -47,7 +47,9 @@ def _idle_trace(tmp_path: Path) -> Path:
 
 
 def test_idle_causes_per_stream(tmp_path: Path) -> None:
-    kernels = analyze_file(_idle_trace(tmp_path)).kernels
+    """With a 30 ns threshold (HTA's documented unit) C's 20 ns gap is kernel wait and D's 5 µs
+    'other'; the command's default below is HTA's effective 30 µs."""
+    kernels = analyze_file(_idle_trace(tmp_path), kernel_wait_ns=30).kernels
     assert kernels is not None
     streams = {s.stream: s for s in kernels.streams}
     s7 = streams["0/7"]
@@ -59,6 +61,16 @@ def test_idle_causes_per_stream(tmp_path: Path) -> None:
         "kernel_wait_ns": 20,
         "other_ns": 5 * US,
     }
+
+
+def test_kernel_wait_is_htas_effective_30_us_by_default(tmp_path: Path) -> None:
+    """HTA 0.5 compares its 30 with microsecond data: D's 5 µs gap is kernel wait there, and
+    was 0 by construction with 30 ns on every whole-microsecond trace."""
+    kernels = analyze_file(_idle_trace(tmp_path)).kernels
+    assert kernels is not None and kernels.kernel_wait_ns == 30 * US
+    s7 = {s.stream: s for s in kernels.streams}["0/7"]
+    assert (s7.host_wait_ns, s7.kernel_wait_ns, s7.other_ns) == (15 * US, 5 * US + 20, 0)
+    assert kernels.to_dict()["kernel_wait_threshold_ns"] == 30 * US
 
 
 def test_launch_statistics(tmp_path: Path) -> None:

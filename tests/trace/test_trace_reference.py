@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from trace_helpers import TRACES, real
 
+from scalelab.errors import InputError
 from scalelab.trace import Breakdown, analyze
-from scalelab.trace.load import Parser, read_trace, typed_parser_available
+from scalelab.trace.load import Parser, read_trace
 from scalelab.trace.report import TIME_FIELDS
 
 # file: (comm ns, overlap ns, exposed ns, overlap %). The reference table (tests/data/traces/README.md)
@@ -156,7 +157,6 @@ def test_both_parsers_give_the_same_report(name: str) -> None:
     assert real(name, "auto").to_dict() == real(name, "general").to_dict()
 
 
-@pytest.mark.skipif(not typed_parser_available(), reason="msgspec is not installed")
 def test_gpu_traces_take_the_typed_fast_path() -> None:
     assert read_trace(TRACES / "v100-ddp-rank1-of-2.json.gz").typed
     assert not read_trace(TRACES / "v100-ddp-rank1-of-2.json.gz", parser="general").typed
@@ -234,7 +234,8 @@ def test_cpu_gloo_trace_gives_a_meaningful_answer() -> None:
 
 
 def test_analyze_on_the_folder_summarises_across_ranks() -> None:
-    report = analyze(TRACES)
+    """The project's traces come from different jobs: analysed apart (`unrelated`), in a pool."""
+    report = analyze(TRACES, unrelated=True, workers=2)
     assert len(report.ranks) == 10
     assert report.summary.n_ranks == 10
     assert report.summary.basis == "mean per step"
@@ -247,6 +248,15 @@ def test_analyze_on_the_folder_summarises_across_ranks() -> None:
     assert exposed.max == pytest.approx(max(means))
     text = json.dumps(report.to_dict(), allow_nan=False)  # no NaN anywhere
     assert '"schema": "scalelab.trace/2"' in text
+    # The pool answers exactly as one process does, file by file.
+    for rank in report.ranks:
+        assert rank.to_dict() == real(rank.file).to_dict()
+
+
+def test_the_folder_as_one_run_is_refused_naming_two_files() -> None:
+    """Its traces claim rank 0 three times: not the ranks of one run."""
+    with pytest.raises(InputError, match=r"are both rank 0.*--unrelated"):
+        analyze(TRACES)
 
 
 def test_the_bench_harness_stores_the_json_document() -> None:

@@ -2,26 +2,17 @@
 
 Each verb lives in its own module with a `register(app)` function. User mistakes raise
 `InputError`, which `main` prints as one line on stderr with exit code 2.
-
-Verbs in `_OWN_PARSER` (today: `trace`) are parsed with argparse by their own module *before*
-typer, pydantic and the other verbs are imported: a trace analysis of a small file is over in
-less time than those imports take. They still appear in `scalelab --help`.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from scalelab.errors import InputError
 
-TYPE_CHECKING = False  # (no `typing` import: `scalelab trace` imports it later, beside its read)
 if TYPE_CHECKING:
-    from typing import Any
-
     import typer
-
-# verb -> module with `run(args: list[str]) -> int` (argparse; imports only what the verb needs)
-_OWN_PARSER = {"trace": "scalelab.cli.trace"}
 
 _VERB_MODULES = (
     "catalogs",
@@ -102,49 +93,7 @@ def _more_parse_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the app, turning user mistakes into one line and exit code 2."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args and args[0] in _OWN_PARSER:
-        from importlib import import_module
-
-        # The console entry point (argv None) is a process of its own that ends here: it leaves
-        # with os._exit once its output is flushed, skipping the interpreter's teardown (freeing
-        # every module and object, ~10 % of a small trace's command). A call with argv (tests,
-        # scripts) returns as usual. The cyclic collector has nothing to find in a short run.
-        exits = argv is None
-        if exits:
-            import gc
-
-            gc.disable()
-        try:
-            code = import_module(_OWN_PARSER[args[0]]).run(args[1:], exits=exits)
-        except InputError as exc:
-            _user_error(str(exc))
-        except OSError as exc:
-            where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            _user_error(f"{where}{exc.strerror or exc}")
-        except _PARSE_ERRORS as exc:
-            _parse_error(exc)
-        except Exception as exc:
-            if isinstance(exc, _more_parse_errors()):
-                _parse_error(exc)
-            raise
-        if exits:
-            _exit_now(code)
-        if code:
-            raise SystemExit(code)
-        return
     _typer_main(args)
-
-
-def _exit_now(code: int) -> None:
-    """Flush the output and end the process without the interpreter's teardown."""
-    import os
-
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe or stream: leave the usual way, which reports it
-        return
-    os._exit(code)
 
 
 def _typer_main(args: list[str]) -> None:

@@ -1,25 +1,34 @@
-"""The facade: `analyze(paths) -> TraceReport`, composing load -> extract -> steps -> measure."""
+"""The facade: `analyze(paths) -> TraceReport`, composing load -> extract -> steps -> measure.
+
+One analysis path. A multi-rank run is analysed as Holistic Trace Analysis does it: one process
+per rank file, from a pool made for the call and closed at its end (`concurrent.futures`, started
+with `forkserver` where the system has it, else `spawn`: never a fork of the caller). A worker
+parses one file, measures it and sends back only its report (small next to the parsed events), so
+memory holds a few files at a time whatever the number of ranks. One file is analysed in the
+caller's own process.
+"""
 
 from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Iterable
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec.structs
 import numpy as np
 
 from scalelab.errors import InputError
-from scalelab.trace import background, load, schema  # noqa: F401 (see below)
 from scalelab.trace.classify import COLLECTIVES
 from scalelab.trace.collectives import CommOps, bandwidth_rows
 from scalelab.trace.extract import NeedsGeneralParserError, Timeline, extract
 from scalelab.trace.intervals import Int64Array, IntervalSet, distinct
-from scalelab.trace.kernels import kernel_report
-from scalelab.trace.load import Parser, RawTrace, find_trace_files, read_trace
+from scalelab.trace.kernels import KERNEL_WAIT_NS, kernel_report
+from scalelab.trace.load import Parser, find_trace_files, read_trace
 from scalelab.trace.report import (
     Breakdown,
     CollectiveStats,
@@ -29,14 +38,7 @@ from scalelab.trace.report import (
     summarise,
 )
 from scalelab.trace.steps import StepWindows, step_windows
-
-if TYPE_CHECKING:
-    from scalelab.trace.stragglers import StragglerReport
-
-
-# `schema` (the typed decoder, built when imported: ~4 ms) is imported with the analysis, not in
-# its first call; `load` imports it on first use, so that a command can start reading its file
-# first (`load.prefetch`), and a command's plain report never imports this module.
+from scalelab.trace.stragglers import StragglerReport, find_stragglers
 
 
 def analyze(
@@ -47,6 +49,8 @@ def analyze(
     skip_bad: bool = False,
     workers: int | None = None,
     kernels: bool = True,
+    unrelated: bool = False,
+    kernel_wait_ns: int = KERNEL_WAIT_NS,
 ) -> TraceReport:
     """Analyse trace files (one per rank) or folders of them.
 
@@ -54,33 +58,31 @@ def analyze(
     default a bad file fails the whole analysis (every file is tried, so the line says how many
     are bad). `skip_bad=True` analyses the good files and lists the bad ones with their reasons
     in `TraceReport.skipped`; it still fails when no file is good.
+    The files are taken as the ranks of one run: two files of the same rank, or ranks of
+    different runs (another world size, or profiled windows that do not overlap in time) are
+    refused, naming the files. `unrelated=True` analyses each file on its own instead (no
+    cross-rank matching): a folder of traces from different jobs.
     `keep_intervals=True` keeps each rank's compute/communication interval sets on the report
     (`RankReport.intervals`), which plotting needs; off by default to keep reports small.
-    `parser="general"` skips the typed fast path (see `load.read_trace`); results are the same.
-    `workers`: processes that decode one large file (default: 2 where a second core is free
-    now, `background.spare_core`; see `background.gather_in_two`, which says when it applies;
-    the second process is kept for the next file for 2 s, `background._Helper`); results are
-    the same with any number.
+    `parser="general"` skips the typed decoder (see `load.read_trace`); results are the same.
+    `workers`: processes for a multi-rank run (default: the cores this process may use).
     `kernels=False` leaves out each rank's kernel report (`RankReport.kernels` is None: kernel
     classes, idle causes, launch statistics), for callers that do not show it.
+    `kernel_wait_ns`: the idle-cause threshold (`kernels.KERNEL_WAIT_NS`).
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files = find_trace_files(items)
     ranks: list[RankReport] = []
     bad: list[tuple[Path, InputError]] = []
-    for f in files:
-        try:
-            ranks.append(
-                analyze_file(
-                    f,
-                    keep_intervals=keep_intervals,
-                    parser=parser,
-                    workers=workers,
-                    kernels=kernels,
-                )
-            )
-        except InputError as exc:
-            bad.append((f, exc))
+    for f, result in zip(
+        files,
+        _each_file(files, workers, keep_intervals, parser, kernels, kernel_wait_ns),
+        strict=True,
+    ):
+        if isinstance(result, InputError):
+            bad.append((f, result))
+        else:
+            ranks.append(result)
     if bad and (not skip_bad or not ranks):
         first = bad[0][1]
         more = (
@@ -94,7 +96,9 @@ def analyze(
         hint = f"; --skip-bad analyses the {len(ranks)} good one(s)" if ranks else ""
         raise InputError(first.field, f"{first.message}{more}{hint}")
     ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.path))
-    stragglers = _stragglers(ranks)
+    if not unrelated:
+        _refuse_mixed_runs(ranks)
+    stragglers = None if unrelated else _stragglers(ranks)
     if (
         stragglers is not None
     ):  # waits are now known: bandwidth from the time after the last arrival
@@ -112,14 +116,108 @@ def analyze(
     )
 
 
+def _each_file(
+    files: list[Path],
+    workers: int | None,
+    keep_intervals: bool,
+    parser: Parser,
+    kernels: bool,
+    kernel_wait_ns: int,
+) -> Iterator[RankReport | InputError]:
+    """Each file's report (or why it is bad), in order: in this process for one file or one
+    worker, else from a process pool made for this call."""
+    job = functools.partial(
+        _analyze_or_error,
+        keep_intervals=keep_intervals,
+        parser=parser,
+        kernels=kernels,
+        kernel_wait_ns=kernel_wait_ns,
+    )
+    n = min(len(files), workers if workers is not None else _usable_cores())
+    if n <= 1:
+        yield from map(job, files)
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload(["scalelab.trace.analyze"])
+    with ProcessPoolExecutor(max_workers=n, mp_context=context) as pool:
+        yield from pool.map(job, files, chunksize=1)
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _analyze_or_error(
+    path: Path, *, keep_intervals: bool, parser: Parser, kernels: bool, kernel_wait_ns: int
+) -> RankReport | InputError:
+    try:
+        return analyze_file(
+            path,
+            keep_intervals=keep_intervals,
+            parser=parser,
+            kernels=kernels,
+            kernel_wait_ns=kernel_wait_ns,
+        )
+    except InputError as exc:
+        return exc
+
+
+def _refuse_mixed_runs(ranks: list[RankReport]) -> None:
+    """One line naming the files where the traces cannot be the ranks of one run."""
+    if len(ranks) < 2:
+        return
+    by_rank: dict[int, RankReport] = {}
+    for r in ranks:
+        if r.rank is None:
+            continue
+        if r.rank in by_rank:
+            raise InputError(
+                "PATH",
+                f"{by_rank[r.rank].path} and {r.path} are both rank {r.rank}: give one trace per "
+                "rank of one run (or --unrelated to analyse traces of different jobs apart)",
+            )
+        by_rank[r.rank] = r
+    sizes = {r.world_size: r for r in ranks if r.world_size is not None}
+    if len(sizes) > 1:
+        (a, ra), (b, rb) = list(sizes.items())[:2]
+        raise InputError(
+            "PATH",
+            f"{ra.path} (world size {a}) and {rb.path} (world size {b}) come from different "
+            "runs: give the ranks of one run (or --unrelated to analyse them apart)",
+        )
+    spans = [(r.first_ns, r.last_ns, r) for r in ranks if r.last_ns > r.first_ns]
+    if len(spans) > 1:
+        late = max(spans, key=lambda s: s[0])
+        early = min(spans, key=lambda s: s[1])
+        if early[1] < late[0]:
+            gap_s = (late[0] - early[1]) / 1e9
+            raise InputError(
+                "PATH",
+                f"{early[2].path} ends {_duration(gap_s)} before {late[2].path} starts: their "
+                "profiled windows do not overlap, so they are not ranks of one run profiled "
+                "together (or --unrelated to analyse them apart)",
+            )
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 86_400:
+        return f"{seconds / 86_400:,.1f} days"
+    if seconds >= 1:
+        return f"{seconds:,.1f} s"
+    return f"{seconds * 1e3:,.3f} ms"
+
+
 def _stragglers(ranks: list[RankReport]) -> StragglerReport | None:
     """Cross-rank matching, for ranks that say who they are (one trace per rank)."""
     known = [r for r in ranks if r.rank is not None and r.comm_ops is not None]
     ids = [r.rank for r in known]
     if len(known) < 2 or len(set(ids)) != len(ids):
         return None
-    from scalelab.trace.stragglers import find_stragglers
-
     ops = {int(r.rank): r.comm_ops for r in known if r.rank is not None and r.comm_ops}
     steps = {
         int(r.rank): (
@@ -137,17 +235,17 @@ def analyze_file(
     *,
     keep_intervals: bool = False,
     parser: Parser = "auto",
-    workers: int | None = None,
     kernels: bool = True,
+    kernel_wait_ns: int = KERNEL_WAIT_NS,
 ) -> RankReport:
-    """Analyse one trace file (`workers`, `kernels`: see `analyze`)."""
-    # A parsed trace is millions of small dicts made in one go; the cyclic garbage collector
+    """Analyse one trace file (`kernels`, `kernel_wait_ns`: see `analyze`)."""
+    # A parsed trace is millions of small objects made in one go; the cyclic garbage collector
     # would rescan them again and again while they are made (3-4x slower), and they hold no
     # cycles, so it is paused while the file is parsed and its events are extracted.
     paused = gc.isenabled()
     gc.disable()
     try:
-        timeline, rank, world_size = _read(Path(path), parser, workers)
+        timeline, rank, world_size = _read(Path(path), parser)
     finally:
         if paused:
             gc.enable()
@@ -186,6 +284,8 @@ def analyze_file(
         step_source=windows.source,
         n_events=timeline.n_events,
         n_lanes=timeline.n_lanes,
+        first_ns=first,
+        last_ns=last,
         total=total,
         steps=steps,
         outside_steps=total.minus(Breakdown.sum(list(steps))),
@@ -201,6 +301,7 @@ def analyze_file(
             windows.end_ns,
             [(name, exposed) for name, _, exposed, _ in sets.collectives],
             exposed=sets.exposed,
+            kernel_wait_ns=kernel_wait_ns,
         )
         if kernels
         else None,
@@ -221,37 +322,15 @@ def analyze_file(
     )
 
 
-def _read(
-    path: Path, parser: Parser, workers: int | None
-) -> tuple[Timeline, int | None, int | None]:
-    """Parse and extract one file: its timeline, rank and world size. The columns a forked child
-    gathered for it (the command's head start, `background`), or two processes gathered
-    together, stand in for parsing it here in one."""
-    gathered = background.take(path) if parser == "auto" else None
-    if workers is None:
-        workers = 2 if background.spare_core() else 1
-    if gathered is None and parser == "auto" and workers > 1:
-        gathered = background.gather_in_two(path, arrays=True, keep_helper=True)
-    if gathered is not None:
-        values, metadata = gathered
-        try:
-            timeline = extract(values)
-        except NeedsGeneralParserError:
-            pass
-        else:
-            meta = RawTrace(path, [], metadata)
-            return timeline, meta.rank, meta.world_size
+def _read(path: Path, parser: Parser) -> tuple[Timeline, int | None, int | None]:
+    """Parse and extract one file: its timeline, rank and world size."""
     raw = read_trace(path, parser=parser)
     try:
         timeline = extract(raw)
     except NeedsGeneralParserError:
         raw = read_trace(path, parser="general")
         timeline = extract(raw)
-    rank, world_size = raw.rank, raw.world_size
-    if load.keep_parsed is not None:  # a command about to exit: not worth freeing
-        load.keep_parsed.append(raw)
-    del raw  # the parsed events are by far the largest object: free them before measuring
-    return timeline, rank, world_size
+    return timeline, raw.rank, raw.world_size
 
 
 def _launched_before_profiling(timeline: Timeline, windows: StepWindows) -> int:
@@ -271,7 +350,7 @@ class _Sets:
     """The interval sets every window is measured against: unions only. Within any window,
     |A and B| = |A| + |B| - |A or B| and |A - B| = |A or B| - |B|, exactly (integers), so overlap,
     exposed communication and copy-only time need no intersection or difference of their own
-    (as `plain` measures them)."""
+    (no intersection or difference per window)."""
 
     compute: IntervalSet
     comm: IntervalSet

@@ -10,7 +10,7 @@ with `size` the larger of the input and output buffer (all-gather: the gathered 
 reduce-scatter: the buffer before the scatter) and the factors below. `time` is a collective's
 kernel time after the last rank arrived: where the ranks' traces are analysed together, the time
 a rank spent waiting for a late rank (`stragglers`) is taken off; on one rank alone, its kernel
-duration, which includes any such wait.
+duration, which includes any such wait: a row from such times says it is a lower bound.
 
 The collective names and bus factors are `scalelab.collectives`' (the predictor and the collective
 benchmark use the same table).
@@ -57,6 +57,9 @@ class CommOps:
     # Time after the last rank arrived (end - latest start across ranks); set by `stragglers`
     # when several ranks are analysed together, else the event's own duration.
     effective_ns: Int64Array = field(default_factory=lambda: np.zeros(0, np.int64))
+    # Whether `effective_ns` is after the last arrival (matched across ranks by `stragglers`);
+    # where not, it includes any wait for late peers and the bandwidth is a lower bound.
+    matched: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     @classmethod
     def of(cls, t: Timeline) -> CommOps:
@@ -77,6 +80,7 @@ class CommOps:
             nbytes=detail.nbytes[order],
             group_size=detail.group_size[order],
             effective_ns=end - start,
+            matched=np.zeros(n, dtype=bool),
         )
 
     def __len__(self) -> int:
@@ -97,6 +101,9 @@ class BandwidthRow:
     busbw_gbps: float
     busbw_best_gbps: float  # from the fastest occurrence
     predicted_busbw_gbps: float | None = None  # the cluster profile's, where asked for
+    # The times include waiting for late peers (one rank's trace, or collectives not matched
+    # across ranks): the real bandwidth is at least this.
+    lower_bound: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +119,7 @@ class BandwidthRow:
             "predicted_busbw_gbps": None
             if self.predicted_busbw_gbps is None
             else round(self.predicted_busbw_gbps, 3),
+            "lower_bound": self.lower_bound,
         }
 
 
@@ -151,6 +159,7 @@ def bandwidth_rows(ops: CommOps) -> list[BandwidthRow]:
                 algbw_gbps=algbw,
                 busbw_gbps=algbw * factor,
                 busbw_best_gbps=nbytes / (best * 1e-9) / 1e9 * factor,
+                lower_bound=not bool(ops.matched[members].all()) if ops.matched.size else True,
             )
         )
     rows.sort(key=lambda r: (r.collective, r.group_size, r.nbytes))

@@ -1,9 +1,8 @@
 """Turn a parsed trace into columnar numpy arrays of the activity the analysis needs.
 
-`columns.gather` (plain Python, no numpy) sorts out device activity, launch calls, profiler steps
-and collective annotations in one pass over the events and pulls their fields out as lists, with
-C-level iteration (CPU traces take a second pass for host operators); everything after that is
-numpy, here.
+`gather` sorts out device activity, launch calls, profiler steps and collective annotations in one
+pass over the events and pulls their fields out as lists, with C-level iteration (CPU traces take a
+second pass for host operators); everything after that is numpy.
 Timestamps become integer nanoseconds (start = round(ts * 1000), end = start + round(dur * 1000)):
 traces write microseconds with up to three decimals (recent PyTorch and ROCm write nanosecond
 resolution), so nothing is lost, and integer arithmetic keeps every later sum exact.
@@ -16,26 +15,25 @@ Two kinds of trace come out of it:
   (`gloo:*` events on gloo's worker threads); compute = host operators (`cpu_op`) on the other
   threads, minus the time those threads spend inside collective calls (`c10d::*`,
   `_c10d_functional::*` enqueues and waits), which are communication, not compute.
+
+A trace whose host launched work on a GPU (CUDA/ROCm launch calls) but that holds no device
+event (its device events stripped, or the profiler's GPU activities off) is refused: read as a
+CPU trace it would give host time as if it were the GPU's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from scalelab.errors import InputError
 from scalelab.trace import classify
-from scalelab.trace.columns import (
-    Columns,
-    Numbers,
-    comm_meta,
-    gather,
-    refuse,
-    unmodelled_device,
-)
 from scalelab.trace.intervals import Int64Array, IntervalSet
 from scalelab.trace.load import RawTrace
 
@@ -122,25 +120,376 @@ class CommDetail:
         )
 
 
+# Sorting the events and reading their fields ------------------------------------------------------------
+
+NAMED_PREFIXES = (
+    classify.PROFILER_STEP_PREFIX,
+    *classify.HOST_COLLECTIVE_PREFIXES,
+    *classify.CPU_COLLECTIVE_PREFIXES,
+)
+
+# A numeric column: its values, and whether some event lacked the field (then the values hold
+# NaN there, and the column is converted leniently, as always).
+Numbers = tuple[list[Any], bool]
+
+
+@dataclass(eq=False)
+class Columns:
+    """A GPU trace's fields, as plain lists (rows of `device` are kernels, then copies)."""
+
+    path: str
+    typed: bool
+    n_events: int
+    steps: list[tuple[Any, Any, Any]]  # (name, ts, dur) of host ProfilerStep#N annotations
+    host_colls: list[tuple[Any, Any, Any, str]]  # (tid, ts, dur, name) of nccl:* annotations
+    n_kernels: int
+    kernel_names: list[Any]
+    copy_names: list[Any]
+    device_ts: Numbers
+    device_dur: Numbers
+    device_corr: list[Any]
+    device_pid: list[Any]
+    device_tid: list[Any]
+    runtime_ts: Numbers
+    runtime_dur: Numbers
+    runtime_corr: list[Any]
+    runtime_tid: list[Any]
+    annotation_ts: Numbers
+    annotation_dur: Numbers
+    annotation_names: list[Any]
+    # Communication kernels (kernel rows whose name is communication, ascending): their
+    # `Collective name` arg and their metadata (group, seq, bytes, group size, dtype).
+    comm_rows: list[int]
+    comm_labels: list[str | None]
+    comm_meta: list[tuple[str, int, int, int, str]]
+    # A trace of a device type the analyser does not model: the InputError's message.
+    refusal: str | None
+
+
+@dataclass(eq=False)
+class CpuTrace:
+    """A trace without device events: its events as dicts and its named host events."""
+
+    raw: RawTrace
+    n_events: int  # in the file (the typed path's dicts are its 'X' events only)
+    steps: list[tuple[Any, Any, Any]]
+    cpu_colls: list[tuple[Any, Any, Any, Any, str]]
+    step_lanes: set[tuple[Any, Any]]
+
+
+def gather(raw: RawTrace) -> Columns | CpuTrace:
+    """Bucket the events and read their fields (see the module doc); raises what reading a
+    malformed event raises (AttributeError, TypeError, ValueError, KeyError), as `extract`
+    always did."""
+    events = raw.events
+    n_events = len(events)
+    gpu_annotation = classify.GPU_ANNOTATION_CATEGORY
+    get: Callable[..., Callable[[Any], Any]]
+    kernels, copies, runtime, annotations, named = buckets(events, raw.typed)
+    if not kernels and not copies:
+        _refuse_stripped_device_events(raw.path, runtime, raw.typed)
+    if raw.typed:
+        from scalelab.trace import schema
+
+        if not kernels and not copies:  # a CPU trace: its host events, as dicts
+            raw = RawTrace(
+                raw.path,
+                [schema.as_dict(ev) for ev in events if ev.__class__ is schema.Event],
+                raw.metadata,
+            )
+            events = raw.events
+            named = [ev for ev in events if ev.get("name", "").startswith(NAMED_PREFIXES)]
+        else:
+            named = [schema.host_dict(ev) for ev in named]
+        get = attrgetter
+    else:
+        get = itemgetter
+
+    named = [ev for ev in named if ev.get("ph") == "X"]
+    steps = [
+        (ev["name"], ev["ts"], ev.get("dur", 0))
+        for ev in named
+        if ev["name"].startswith(classify.PROFILER_STEP_PREFIX) and ev.get("cat") != gpu_annotation
+    ]
+    host_colls = [
+        (ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.HOST_COLLECTIVE_PREFIXES)
+        and ev.get("cat") != gpu_annotation
+    ]
+    cpu_colls = [
+        (ev.get("pid"), ev.get("tid"), ev["ts"], ev.get("dur", 0), ev["name"])
+        for ev in named
+        if ev["name"].startswith(classify.CPU_COLLECTIVE_PREFIXES)
+    ]
+    if not kernels and not copies:
+        step_lanes = {
+            (ev.get("pid"), ev.get("tid"))
+            for ev in named
+            if ev["name"].startswith(classify.PROFILER_STEP_PREFIX)
+        }
+        return CpuTrace(raw, n_events, steps, cpu_colls, step_lanes)
+
+    device = kernels + copies  # kernels first: row i < len(kernels) is a kernel
+    device_ts = numbers(device, "ts", get)
+    device_dur = numbers(device, "dur", get)
+    kernel_names = column(kernels, "name", "", get)
+    copy_names = column(copies, "name", "", get)
+    # Communication kernels, classified once per distinct name (as `extract` classifies them).
+    comm_of = {
+        n: classify.is_comm_kernel(str(n) if n is not None else "")
+        for n in dict.fromkeys(kernel_names)
+    }
+    comm_rows = list(compress(range(len(kernels)), map(comm_of.__getitem__, kernel_names)))
+    comm_args = [field(kernels[i], "args") for i in comm_rows]
+    return Columns(
+        path=str(raw.path),
+        typed=raw.typed,
+        n_events=n_events,
+        steps=steps,
+        host_colls=host_colls,
+        n_kernels=len(kernels),
+        kernel_names=kernel_names,
+        copy_names=copy_names,
+        device_ts=device_ts,
+        device_dur=device_dur,
+        device_corr=correlations(device, get),
+        device_pid=column(device, "pid", None, get),
+        device_tid=column(device, "tid", None, get),
+        runtime_ts=numbers(runtime, "ts", get),
+        runtime_dur=numbers(runtime, "dur", get),
+        runtime_corr=correlations(runtime, get),
+        runtime_tid=column(runtime, "tid", None, get),
+        annotation_ts=numbers(annotations, "ts", get),
+        annotation_dur=numbers(annotations, "dur", get),
+        annotation_names=column(annotations, "name", "", get),
+        comm_rows=comm_rows,
+        comm_labels=[collective_arg(a) for a in comm_args],
+        comm_meta=[comm_meta(a) for a in comm_args],
+        refusal=None if runtime else unmodelled_device(raw),
+    )
+
+
+def buckets(
+    events: list[Any], typed: bool
+) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any]]:
+    """Sort events into kernels, copies, launch calls, device annotations and named host events
+    (profiler steps, host collectives): one Python pass with a dict lookup per event (measured
+    faster than numpy over category codes plus gathers, and than several C-level passes), then
+    a C-level name test on the rest.
+
+    Kineto writes device events and launch calls as complete 'X' events only, so the category
+    alone decides; named events are those of other categories whose name starts with a prefix.
+    """
+    found: list[list[Any]] = [[], [], [], [], [], []]
+    appends = [b.append for b in found]
+    # category -> its bucket's append (one lookup and a call per event, no index)
+    append_to = {cat: appends[code] for cat, code in _CATEGORY_CODE.items()}.get
+    other = appends[0]
+    if typed:
+        for ev in events:
+            append_to(ev.cat, other)(ev)
+    else:
+        for ev in events:
+            append_to(ev.get("cat"), other)(ev)
+    others = found[0]
+    if typed:
+        names: list[Any] = list(map(attrgetter("name"), others))
+    else:
+        names = list(map(dict.get, others, repeat("name")))
+    try:  # str.startswith at C level: no slices or Python frames per name
+        flags = list(map(str.startswith, names, repeat(NAMED_PREFIXES)))
+    except TypeError:  # a name that is not a string (None, a number): the slow way
+        flags = [n.__class__ is str and n.startswith(NAMED_PREFIXES) for n in names]
+    return found[1], found[2], found[3], found[4], list(compress(others, flags))
+
+
+_CATEGORY_CODE: dict[Any, int] = {
+    **dict.fromkeys(classify.KERNEL_CATEGORIES, 1),
+    **dict.fromkeys(classify.COPY_CATEGORIES, 2),
+    **dict.fromkeys(classify.RUNTIME_CATEGORIES, 3),
+    classify.GPU_ANNOTATION_CATEGORY: 4,
+    # Flow and instant events, never a profiler step or a collective annotation: skipped (5).
+    **dict.fromkeys(("ac2g", "async_cpu_to_gpu", "cpu_instant_event", "fwdbwd", "Trace"), 5),
+    "\0skipped": 5,  # schema.SKIPPED_CATEGORY: events of phases the typed decoder skips
+}
+
+
+# Field access works on both kinds of event: dicts (general parser) and typed structs (fast path).
+# The column helpers take `get` = itemgetter or attrgetter and run at C level; a dict that lacks a
+# key falls back to a per-event `.get`.
+
+
+def field(ev: Any, key: str) -> Any:
+    return ev.get(key) if isinstance(ev, dict) else getattr(ev, key, None)
+
+
+def column(
+    events: list[Any], key: str, default: Any, get: Callable[..., Callable[[Any], Any]]
+) -> list[Any]:
+    """One field of every event; the C-level fast path unless some event lacks it."""
+    try:
+        return list(map(get(key), events))
+    except KeyError:
+        return [ev.get(key, default) for ev in events]
+
+
+def numbers(events: list[Any], key: str, get: Callable[..., Callable[[Any], Any]]) -> Numbers:
+    """A numeric field of every event, and whether some event lacked it (NaN there); a required
+    `ts` raises KeyError if absent."""
+    try:
+        return list(map(get(key), events)), False
+    except KeyError:
+        if key == "ts":
+            raise
+        return [ev.get(key, math.nan) for ev in events], True
+
+
+def correlations(events: list[Any], get: Callable[..., Callable[[Any], Any]]) -> list[Any]:
+    """`args.correlation` of every event, None where there is none (not yet checked)."""
+    try:
+        return list(map(get("correlation"), map(get("args"), events)))
+    except (KeyError, TypeError, AttributeError):
+        values = []
+        for ev in events:
+            args = field(ev, "args")
+            values.append(field(args, "correlation") if args is not None else None)
+        return values
+
+
+def collective_arg(args: Any) -> str | None:
+    """The `Collective name` arg (recent PyTorch writes it on NCCL kernels)."""
+    label = (
+        args.get("Collective name")
+        if isinstance(args, dict)
+        else getattr(args, "collective_name", None)
+    )
+    return label if isinstance(label, str) else None
+
+
+# Bytes per element of PyTorch's dtype names as record_param_comms writes them.
+DTYPE_BYTES: dict[str, int] = {
+    "Double": 8,
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1,
+    "UInt16": 2,
+    "UInt32": 4,
+    "UInt64": 8,
+}
+
+
+def int_or(value: Any, default: int = -1) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return default
+
+
+NO_META = ("", -1, -1, -1, "")
+
+
+def comm_meta(args: Any) -> tuple[str, int, int, int, str]:
+    """(group, seq, bytes, group size, dtype) from one event's args (dict or typed)."""
+    if args is None:
+        return "", -1, -1, -1, ""
+    if isinstance(args, dict):
+        values = [
+            args.get(k)
+            for k in ("Process Group Name", "Seq", "In msg nelems", "Out msg nelems", "Group size")
+        ]
+        dtype = args.get("dtype")
+    else:
+        values = [args.pg_name, args.seq, args.in_nelems, args.out_nelems, args.group_size]
+        dtype = args.dtype
+    group, seq, n_in, n_out, size = values
+    if group is None and seq is None and n_in is None and n_out is None and size is None:
+        return NO_META
+    dtype = dtype if isinstance(dtype, str) else ""
+    elements = max(int_or(n_in), int_or(n_out))
+    width = DTYPE_BYTES.get(dtype, 0)
+    nbytes = elements * width if elements >= 0 and width else -1
+    return (str(group) if group is not None else "", int_or(seq), nbytes, int_or(size), dtype)
+
+
+# Kineto categories of device types the analyser does not model (their kernels, copies and
+# launch calls are not CUDA's or ROCm's, so compute and communication cannot be told apart).
+_UNMODELLED_DEVICE_CATEGORIES = {
+    "mtia_runtime": "MTIA",
+    "mtia_ccp_events": "MTIA",
+    "mtia_insight": "MTIA",
+    "xpu_runtime": "XPU",
+    "xpu_driver": "XPU",
+    "hpu_op": "HPU",
+    "hpu_runtime": "HPU",
+    "privateuse1_runtime": "a PrivateUse1 device",
+    "privateuse1_driver": "a PrivateUse1 device",
+}
+
+
+def unmodelled_device(raw: RawTrace) -> str | None:
+    """What is wrong with a trace of a device type the analyser does not model, which must not
+    be read as a CPU trace (asked only of traces without CUDA/ROCm kernels or launch calls)."""
+    seen = {field(ev, "cat") for ev in raw.events}
+    for cat, device in _UNMODELLED_DEVICE_CATEGORIES.items():
+        if cat in seen:
+            return (
+                f"a trace of {device} devices ('{cat}' events): scalelab trace models CUDA and "
+                "ROCm GPU traces and CPU (gloo) traces only"
+            )
+    return None
+
+
+def _refuse_stripped_device_events(path: Any, runtime: list[Any], typed: bool) -> None:
+    """A trace whose host launched kernels (CUDA/ROCm launch calls) but that holds no kernel,
+    copy or set: its device events were stripped or never recorded. Read as a CPU trace it
+    would report host operators as the GPU's compute, so it is refused."""
+    names = [ev.name if typed else ev.get("name") for ev in runtime]
+    launches = sum(1 for n in names if isinstance(n, str) and "launch" in n.lower())
+    if launches:
+        raise InputError(
+            f"{path}: traceEvents",
+            f"{launches:,} GPU launch calls (cudaLaunchKernel/hipLaunchKernel...) but no kernel, "
+            "memcpy or memset event: a GPU trace without its device events cannot be analysed "
+            "(profile with ProfilerActivity.CUDA, and keep the file whole)",
+        )
+
+
+def refuse(path: Any, refusal: str | None) -> None:
+    if refusal is not None:
+        raise InputError(f"{path}: traceEvents", refusal)
+
+
 class NeedsGeneralParserError(Exception):
     """The typed fast-path events cannot express this trace (a CPU trace, or fields of unexpected
     types): re-read it with `read_trace(path, parser="general")`."""
 
 
-def extract(raw: RawTrace | Columns) -> Timeline:
-    """Classify the events of one parsed trace (or its columns, gathered elsewhere: see
-    `columns`); an InputError if it has no activity, and NeedsGeneralParserError if typed events
-    do not suffice (see there)."""
+def extract(raw: RawTrace) -> Timeline:
+    """Classify the events of one parsed trace; an InputError if it has no activity, and
+    NeedsGeneralParserError if typed events do not suffice (see there)."""
     try:
-        if isinstance(raw, Columns):
-            return _gpu_timeline(raw)
         return _extract(raw)
     except (AttributeError, TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, InputError):
             raise
         if raw.typed:
             raise NeedsGeneralParserError(str(exc)) from None
-        assert isinstance(raw, RawTrace)  # columns are only ever gathered from typed events
         raise _locate_bad_event(raw, exc) from None
 
 
@@ -239,8 +588,6 @@ def _gpu_timeline(c: Columns) -> Timeline:
 def _floats(column: Numbers, typed: bool) -> NDArray[np.float64]:
     """A numeric column as float64 (NaN where absent)."""
     values, lenient = column
-    if isinstance(values, np.ndarray):  # carried as an array from another process
-        return values
     if lenient:  # some event lacks the field: NaN there
         return np.asarray(values, dtype=np.float64)
     if not typed and bool in set(map(type, values)):  # parsed JSON: true would read as 1
@@ -250,8 +597,6 @@ def _floats(column: Numbers, typed: bool) -> NDArray[np.float64]:
 
 def _ints(values: list[Any]) -> Int64Array:
     """Correlation ids as int64, -1 where absent or not an integer."""
-    if isinstance(values, np.ndarray):  # carried as an array from another process
-        return values
     try:
         return np.fromiter(values, np.int64, len(values))
     except (TypeError, ValueError, OverflowError):
@@ -430,7 +775,9 @@ def _ns_times(ts: Any, dur: Any) -> tuple[Int64Array, Int64Array]:
     if dur_raw.size and np.nanmax(np.abs(dur_raw), initial=0.0) > MAX_TIME_US:
         raise ValueError(f"a duration is beyond {MAX_TIME_US:.0f} µs")
     dur_arr = np.rint(dur_raw * 1000.0)
-    dur_arr[~(dur_arr > 0)] = 0  # missing, negative or NaN durations count as instants
+    if (dur_arr < 0).any():  # (NaN compares False: a missing duration is an instant)
+        raise ValueError("a duration is negative")
+    dur_arr[~(dur_arr > 0)] = 0  # missing or NaN durations count as instants
     start = us_to_ns(ts_arr)
     return start, start + dur_arr.astype(np.int64)
 
@@ -486,7 +833,7 @@ def _launch_calls(
 # The fields the analysis reads from an event: type, what to call it, required.
 _EVENT_FIELDS: tuple[tuple[str, tuple[type, ...], str, bool], ...] = (
     ("ts", (int, float), f"a finite number of microseconds within ±{2**53}", True),
-    ("dur", (int, float), f"a finite number of microseconds within ±{2**53}", False),
+    ("dur", (int, float), f"a finite number of microseconds within 0..{2**53}", False),
     ("name", (str,), "a string", False),
     ("cat", (str,), "a string", False),
     ("args", (dict,), "a JSON object", False),
@@ -522,6 +869,12 @@ def _locate_bad_event(raw: RawTrace, exc: BaseException) -> InputError:
                 or (isinstance(value, float) and not math.isfinite(value))
                 or (isinstance(value, (int, float)) and abs(value) > MAX_TIME_US)
             )
+            if key == "dur" and isinstance(value, (int, float)) and value * 1000.0 < -0.5:
+                return InputError(
+                    f"{where}[{i}].dur",
+                    f"must not be negative, not {value!r:.40} (an impossible duration; "
+                    f"event {str(ev.get('name'))[:60]!r})",
+                )
             if not isinstance(value, types) or bad_number:
                 return InputError(f"{where}[{i}].{key}", f"must be {what}, not {value!r:.40}")
     return InputError(where, f"malformed trace ({' '.join(str(exc).split())})")

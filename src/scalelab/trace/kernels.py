@@ -7,7 +7,8 @@ numpy over all device events at once.
 Idle causes (HTA's `get_idle_time_breakdown`): on each stream, the gap before a kernel is
 * **host wait** (launch-bound) when the kernel's launch call started after the previous kernel on
   the stream ended: the GPU waited for the CPU;
-* **kernel wait** when it is not host wait and the gap is under 30 ns: back-to-back launch overhead;
+* **kernel wait** when it is not host wait and the gap is under `kernel_wait_ns` (default 30 µs,
+  see KERNEL_WAIT_NS): back-to-back launch overhead;
 * **other** otherwise: the kernel was queued but waited on something else, typically a
   synchronisation with another stream or an event (e.g. a compute stream waiting on an all-gather).
 
@@ -27,7 +28,11 @@ from scalelab.trace import classify
 from scalelab.trace.extract import Timeline
 from scalelab.trace.intervals import Int64Array, IntervalSet, distinct, percentile
 
-KERNEL_WAIT_NS = 30  # HTA's consecutive_kernel_delay default
+# HTA 0.5's `consecutive_kernel_delay` is 30, documented as nanoseconds
+# (hta/trace_analysis.py, get_idle_time_breakdown) but compared with its trace data, which keeps
+# Kineto's microseconds (hta/analyzers/breakdown_analysis.py): 30 µs in effect. 30 ns would make
+# the column 0 by construction on every trace written in whole microseconds.
+KERNEL_WAIT_NS = 30_000
 SHORT_KERNEL_RUNTIME_CUTOFF_NS = 50_000  # HTA's runtime_cutoff default (50 µs)
 TOP_KERNELS = 5
 TOP_ANNOTATIONS = 20
@@ -153,6 +158,7 @@ class KernelReport:
     annotations: list[AnnotationStat]
     streams: list[StreamIdle]
     launches: LaunchStats
+    kernel_wait_ns: int = KERNEL_WAIT_NS  # the threshold the idle causes were split with
     # Per profiler step: summed kernel time of each compute class (GEMM, attention, element-wise,
     # other), kernels assigned to the step window they start in.
     compute_class_ns_by_step: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -171,6 +177,7 @@ class KernelReport:
             "annotations": [a.to_dict() for a in self.annotations],
             "idle_by_stream": [s.to_dict() for s in self.streams],
             "idle_by_cause": self.idle_by_cause,
+            "kernel_wait_threshold_ns": self.kernel_wait_ns,
             "launches": self.launches.to_dict(),
         }
 
@@ -184,6 +191,7 @@ def kernel_report(
     step_end_ns: Int64Array,
     exposed_by_collective: list[tuple[str, IntervalSet]] | None = None,
     exposed: IntervalSet | None = None,
+    kernel_wait_ns: int = KERNEL_WAIT_NS,
 ) -> KernelReport | None:
     """The kernel view of a GPU trace's timeline; None for CPU traces. `exposed`: `comm` less
     `compute`, where the caller has it already."""
@@ -229,8 +237,9 @@ def kernel_report(
     return KernelReport(
         classes=classes,
         annotations=_annotations(t, compute, comm, exposed_by_collective or [], exposed),
-        streams=_stream_idle(t),
+        streams=_stream_idle(t, kernel_wait_ns),
         launches=_launch_stats(t),
+        kernel_wait_ns=kernel_wait_ns,
         compute_class_ns_by_step=_compute_classes_by_step(
             start, dur, event_class, step_numbers, step_start_ns, step_end_ns
         ),
@@ -309,7 +318,7 @@ def _annotations(
     ]
 
 
-def _stream_idle(t: Timeline) -> list[StreamIdle]:
+def _stream_idle(t: Timeline, kernel_wait_ns: int) -> list[StreamIdle]:
     d = t.device
     assert d is not None
     order = np.lexsort((t.activity_start_ns, d.lane))
@@ -327,7 +336,7 @@ def _stream_idle(t: Timeline) -> list[StreamIdle]:
         prev_end[1:] = end[:-1]
     gap = np.where(same, np.maximum(start - prev_end, 0), 0)
     host_wait = same & (launch >= 0) & (launch > prev_end)
-    kernel_wait = same & ~host_wait & (gap < KERNEL_WAIT_NS)
+    kernel_wait = same & ~host_wait & (gap < kernel_wait_ns)
     other = same & ~host_wait & ~kernel_wait
     n = len(d.lane_labels)
 

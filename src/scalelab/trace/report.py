@@ -182,6 +182,9 @@ class RankReport(Struct, eq=False, kw_only=True):
     after_steps: Breakdown = field(default_factory=lambda: Breakdown.sum([]))
     # Device events whose launch is not in the trace, starting before the first step.
     launched_before_profiling: int = 0
+    # The trace's first start and last end (its clock, integer ns): where it was profiled.
+    first_ns: int = 0
+    last_ns: int = 0
     notes: list[str] = field(default_factory=list)
     kernels: KernelReport | None = None  # gpu traces: kernel classes, idle causes, launches
     # Collective bandwidth from the trace's own metadata (nccl-tests' definitions).

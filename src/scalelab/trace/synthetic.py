@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
-import orjson
 
 _COMPUTE_KERNELS = (
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_"
@@ -209,7 +209,7 @@ def write_synthetic_trace(path: str | Path, **kwargs: Any) -> int:
     import gzip
 
     document = synthetic_trace(**kwargs)
-    data = orjson.dumps(document)
+    data = msgspec.json.encode(document)
     path = Path(path)
     if path.name.endswith(".gz"):
         data = gzip.compress(data, compresslevel=1)
