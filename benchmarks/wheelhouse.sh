@@ -8,7 +8,7 @@
 #
 # The bench path imports numpy, pyyaml, pydantic (pydantic-core is compiled: it must be the
 # wheel for the target's Python and platform, manylinux x86-64), typer and rich, and nvidia-ml-py
-# for GPU energy; orjson, msgspec, scipy, pandas and matplotlib are only imported by other verbs
+# for GPU energy; msgspec, scipy, pandas and matplotlib are only imported by other verbs
 # (trace, report, calibrate) and are not needed. Versions are this machine's (one of each: two
 # versions of one package stop a `pip install --no-index`). Needs pip and an index here.
 set -euo pipefail

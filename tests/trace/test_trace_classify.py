@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from scalelab.trace.classify import (
+    COMPUTE,
     collective_from_kernel,
     collective_from_label,
     is_comm_kernel,
     is_cpu_comm_op,
+    kernel_class,
 )
 
 
@@ -102,3 +104,85 @@ def test_gemm_and_elementwise_kernels_stay_compute() -> None:
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel(...)",
     ):
         assert not is_comm_kernel(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel_class_expected"),
+    [
+        # TensorRT-LLM's trtllm-gen batched GEMMs on B200 (the two largest MoE matmuls): GEMM,
+        # not "other".
+        (
+            "bmm_E4m3_E4m3E4m3_Fp32_t128x8x128u2_s6_et64x8_m64x8x32_cga1x1x1_16dp256b_TN_"
+            "transOut_schedS_sm100f",
+            "GEMM",
+        ),
+        # A MoE finalize kernel whose template argument mentions cutlass: not GEMM.
+        (
+            "void tensorrt_llm::kernels::cutlass_kernels::finalizeMoeRoutingKernel<"
+            "__nv_bfloat16, __nv_bfloat16, cutlass::epilogue::thread::Identity>(int const*)",
+            "other",
+        ),
+        # FBGEMM embeddings: the namespace (fbgemm_gpu) and an argument type (FixedDivisor) are
+        # no GEMM.
+        (
+            "void fbgemm_gpu::split_embedding_codegen_forward_unweighted_kernel<float, float, "
+            "fbgemm_gpu::FixedDivisor>(at::PackedTensorAccessor64<float, 1>, "
+            "fbgemm_gpu::FixedDivisor)",
+            "embedding",
+        ),
+        (
+            "void split_embedding_backward_codegen_rowwise_adagrad_unweighted_kernel_cta_per_"
+            "row_1<c10::Half, float, c10::Half, 2ul>(at::GenericPackedTensorAccessor<c10::Half>)",
+            "embedding",
+        ),
+        # Quantisation and KV-cache writes with attention words in them: not attention.
+        (
+            "void vllm::scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(int)",
+            "quantisation",
+        ),
+        (
+            "void flashinfer::per_token_group_quant_8bit_kernel<__nv_bfloat16>(__nv_bfloat16*)",
+            "quantisation",
+        ),
+        (
+            "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, "
+            "(vllm::Fp8KVCacheDataType)0>(__nv_bfloat16 const*)",
+            "KV cache",
+        ),
+        (
+            "void flashinfer::AppendPagedKVCacheKernel<8, 16, __nv_bfloat16, int>(int*)",
+            "KV cache",
+        ),
+        # Generic launchers: the operator they run names the kernel.
+        (
+            "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_"
+            "align8>(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8::Params)",
+            "GEMM",
+        ),
+        (
+            "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+            "flash::CollectiveMainloopFwdSm90<2, cute::tuple<> > > > >(flash::Params)",
+            "attention",
+        ),
+        (
+            "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128> >(Flash_fwd_params)",
+            "attention",
+        ),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", "GEMM"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int)",
+            "element-wise",
+        ),
+    ],
+)
+def test_kernel_class_from_the_kernels_name(name: str, kernel_class_expected: str) -> None:
+    assert kernel_class(name, COMPUTE) == kernel_class_expected
+
+
+def test_multimem_all_reduce_in_an_anonymous_namespace_is_all_reduce() -> None:
+    name = (
+        "void c10d::symmetric_memory::(anonymous namespace)::multimem_all_reduce_kernel<float, 16,"
+        " 8>(float*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)"
+    )
+    assert is_comm_kernel(name)
+    assert collective_from_kernel(name) == "AllReduce"

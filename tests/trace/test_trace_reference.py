@@ -46,7 +46,7 @@ def test_the_project_holds_all_ten_traces() -> None:
 @pytest.mark.parametrize("parser", ["auto", "general"])
 @pytest.mark.parametrize("name", sorted(REFERENCE))
 def test_whole_trace_numbers_match_the_reference_table(name: str, parser: Parser) -> None:
-    """Both parsers: the typed fast path (msgspec, where installed) and the general one (orjson)."""
+    """Both decodes: the typed one (msgspec structs) and the generic one (msgspec, into dicts)."""
     comm, overlap, exposed, pct = REFERENCE[name]
     total = real(name, parser).total
     assert (total.comm_ns, total.overlap_ns, total.exposed_comm_ns) == (comm, overlap, exposed)

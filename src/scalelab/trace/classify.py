@@ -129,6 +129,9 @@ def collective_from_label(label: str) -> str | None:
 def collective_from_kernel(name: str) -> str | None:
     """The collective in an NCCL kernel name: `ncclKernel_AllReduce_RING_LL_Sum_float(...)` ->
     AllReduce; None for names without one (`ncclDevKernel_Generic`)."""
+    # `(anonymous namespace)` is no parameter list: `c10d::symmetric_memory::(anonymous
+    # namespace)::multimem_all_reduce_kernel<...>(...)` is PyTorch's own spelling.
+    name = name.replace("(anonymous namespace)::", "")
     head = name.split("(", 1)[0].split("<", 1)[0]
     parts = head.split("_")
     if len(parts) >= 2:  # ncclKernel_AllReduce_RING_LL_Sum_float
@@ -161,13 +164,45 @@ def is_cpu_comm_op(name: str) -> bool:
     return name.startswith(CPU_COMM_OP_PREFIXES)
 
 
-# Kernel classes for the kernel breakdown. Name markers, matched on the lower-cased name in this
-# order (attention before GEMM: flash-attention kernels contain "gemm"-like words).
-KERNEL_CLASSES: Final = ("GEMM", "attention", "element-wise", "communication", "memory", "other")
+# Kernel classes for the kernel breakdown, decided on the kernel's *name* (`kernel_name`): never
+# on its namespaces, template arguments or parameter types, which name libraries and types, not
+# what the kernel does (`fbgemm_gpu::` is no GEMM, a `cutlass::` template argument does not make a
+# MoE finalize kernel one). Name markers, matched on the lower-cased name, class by class in this
+# order: KV-cache writes and quantisation before attention (`reshape_and_cache_flash` writes the
+# cache; it computes no attention), attention before GEMM (flash-attention names hold GEMM-like
+# words), embedding before GEMM.
+KERNEL_CLASSES: Final = (
+    "GEMM",
+    "attention",
+    "embedding",
+    "quantisation",
+    "KV cache",
+    "element-wise",
+    "communication",
+    "memory",
+    "other",
+)
 _CLASS_MARKERS: Final = (
+    (
+        "KV cache",
+        # vLLM reshape_and_cache(_flash), concat_and_cache_mla; FlashInfer AppendPagedKVCache;
+        # TensorRT-LLM's KV-cache update kernels; copy_blocks / swap_blocks (block tables).
+        ("kv_cache", "kvcache", "reshape_and_cache", "concat_and_cache", "copy_blocks"),
+    ),
+    (
+        "quantisation",
+        # quantize / dequant / scaled_fp8_quant / per_token_group_quant / cvt_fp16_to_fp4 ...
+        ("quant", "cvt_fp", "fp4_cast", "fp8_cast", "cast_to_fp8"),
+    ),
     (
         "attention",
         ("flash", "fmha", "attention", "attn", "sdpa", "mha_", "_mha", "paged_kv", "cudnn_mha"),
+    ),
+    (
+        "embedding",
+        # FBGEMM's table-batched embeddings (split_embedding_codegen_*, batched_embedding_*),
+        # PyTorch's embedding / embedding_bag kernels.
+        ("embedding", "embeddingbag", "embedding_bag"),
     ),
     (
         "GEMM",
@@ -185,6 +220,11 @@ _CLASS_MARKERS: Final = (
             "sgemm",
             "dot_kernel",
             "splitkreduce",
+            "gemvx::kernel",  # cuBLAS's GEMV (a generic `kernel<int, ...>` launcher)
+            "epilogue::impl::globalkernel",  # cuBLASLt's GEMM epilogue (bias, split-K)
+            "bmm",  # batched GEMM: TensorRT-LLM's trtllm-gen `bmm_E4m3...` MoE matmuls
+            "groupedgemm",
+            "grouped_mm",
         ),
     ),
     ("memory", ("memcpy", "memset", "copy_kernel", "copykernel", "cat_array", "fill_kernel")),
@@ -210,14 +250,78 @@ _CLASS_MARKERS: Final = (
 # The markers in the order they are tried: class by class, as listed (one loop, no generator).
 _MARKERS_IN_ORDER: Final = tuple((m, cls) for cls, markers in _CLASS_MARKERS for m in markers)
 
+# Generic launchers whose own name says nothing: the kernel is their first template argument
+# (`cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_...>`, `cutlass::device_kernel<flash::
+# enable_sm90_or_later<flash::FlashAttnFwdSm90<...>>>`); where that is a plain type (`int`), the
+# launcher's qualified name stands (`internal::gemvx::kernel`: cuBLAS's GEMV).
+_LAUNCHERS: Final = frozenset(
+    {"kernel", "kernel2", "device_kernel", "kernelimpl", "generic_kernel", "globalkernel"}
+)
+_PLAIN_TYPES: Final = frozenset(
+    {"int", "long", "short", "char", "bool", "float", "double", "half", "unsigned", "signed"}
+)
+
+
+@functools.lru_cache(maxsize=8192)
+def kernel_name(signature: str) -> str:
+    """A kernel's own name from its demangled signature: without return type, namespaces,
+    template arguments and parameter list (`void fbgemm_gpu::split_embedding_codegen_forward_
+    kernel<...>(...)` -> `split_embedding_codegen_forward_kernel`); for a generic launcher, the
+    name of the operator it launches (its first template argument, likewise)."""
+    text = signature.replace("(anonymous namespace)::", "").replace("(anonymous namespace)", "")
+    text = text.strip()
+    if text.endswith(")"):  # the parameter list
+        text = text[: _opening(text, "(", ")")].rstrip()
+    template = ""
+    if text.endswith(">"):  # the template arguments
+        start = _opening(text, "<", ">")
+        template, text = text[start + 1 : -1], text[:start].rstrip()
+    qualified = text.rsplit(" ", 1)[-1] if text else text  # after any return type
+    base = qualified.rsplit("::", 1)[-1]
+    lower = base.lower()
+    if lower in _LAUNCHERS or lower.startswith("enable_sm"):
+        inner = kernel_name(_first_argument(template)) if template else ""
+        plain = inner.lower().removeprefix("unsigned ").strip() in _PLAIN_TYPES
+        if inner and not plain and not inner[:1].isdigit():
+            return inner
+        return qualified
+    return base
+
+
+def _opening(text: str, open_ch: str, close_ch: str) -> int:
+    """Where the bracket that closes `text` (its last character) opens; 0 if unbalanced."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        ch = text[i]
+        if ch == close_ch:
+            depth += 1
+        elif ch == open_ch:
+            depth -= 1
+            if depth == 0:
+                return i
+    return 0
+
+
+def _first_argument(template: str) -> str:
+    depth = 0
+    for i, ch in enumerate(template):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return template[:i].strip()
+    return template.strip()
+
 
 def kernel_class(name: str, kind: int) -> str:
-    """The class of a device event: communication and copies by kind, kernels by name."""
+    """The class of a device event: communication and copies by kind, kernels by their name
+    (`kernel_name`, not their signature)."""
     if kind == COMM:
         return "communication"
     if kind == COPY:
         return "memory"
-    lower = name.lower().replace("codegen", "")  # fbgemm's split_embedding_codegen_...: no GEMM
+    lower = kernel_name(name).lower()
     for marker, cls in _MARKERS_IN_ORDER:
         if marker in lower:
             return cls

@@ -246,7 +246,15 @@ def kernel_report(
     )
 
 
-COMPUTE_CLASSES = ("GEMM", "attention", "element-wise", "other")
+COMPUTE_CLASSES = (
+    "GEMM",
+    "attention",
+    "embedding",
+    "quantisation",
+    "KV cache",
+    "element-wise",
+    "other",
+)
 
 
 def _compute_classes_by_step(
