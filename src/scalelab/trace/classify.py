@@ -99,6 +99,7 @@ OTHER_COMM_KERNEL_MARKERS: Final = (
 )
 
 
+@functools.lru_cache(maxsize=16384)
 def is_comm_kernel(name: str) -> bool:
     """A communication kernel: NCCL/RCCL (RCCL keeps NCCL's kernel names: `nccl...` or
     `...ncclKernel...`), or symmetric-memory, NVSHMEM and custom all-reduce kernels."""

@@ -283,6 +283,13 @@ class TraceReport(Struct, eq=False, kw_only=True):
         """The JSON-ready document (`to_dict`), under the name the bench harness stores."""
         return self.to_dict()
 
+    def to_pandas(self, table: str | None = None) -> Any:
+        """The report's tables as pandas DataFrames: one table by name (`steps`, `collectives`,
+        `stragglers`, `idle`, `kernels`, `bandwidth`), or all of them in a dict (see `frames`)."""
+        from scalelab.trace import frames
+
+        return frames.frames(self) if table is None else frames.frame(self, table)
+
 
 def summarise(ranks: list[RankReport], *, straggler: int | None = None) -> Summary:
     """Mean and max of each time metric across ranks, and the slowest rank."""

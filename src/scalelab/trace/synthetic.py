@@ -215,3 +215,67 @@ def write_synthetic_trace(path: str | Path, **kwargs: Any) -> int:
         data = gzip.compress(data, compresslevel=1)
     path.write_bytes(data)
     return len(document["traceEvents"])
+
+
+_ARGS_READ = (
+    "correlation",
+    "Collective name",
+    "In msg nelems",
+    "Out msg nelems",
+    "Group size",
+    "dtype",
+    "Process Group Name",
+    "Seq",
+)
+
+
+def write_job(
+    source: str | Path,
+    folder: str | Path,
+    n_ranks: int,
+    *,
+    late_rank: int | None = None,
+    late_us: float = 0.0,
+    keep_categories: frozenset[str] | None = None,
+) -> list[Path]:
+    """A whole job's rank files made from one real trace: rank `r` is the source with its rank id
+    and world size rewritten (`distributedInfo`, and each collective's `Group size`, so that its
+    collectives span the job) and its clock shifted by a few microseconds ((r * 7919) % 97 µs),
+    `late_rank` by `late_us` more: that rank then starts every collective last.
+    `keep_categories`: keep only events of these categories, with only the args the analysis
+    reads (smaller files, the same analysis of what is kept; None keeps all).
+    Returns the files written, `rank<r>.json.gz`."""
+    import gzip
+
+    from scalelab.trace.load import read_bytes
+
+    document = msgspec.json.decode(read_bytes(source))
+    events = document["traceEvents"]
+    if keep_categories is not None:
+        events = [e for e in events if e.get("cat") in keep_categories]
+        document["traceEvents"] = events
+        read = set(_ARGS_READ)
+        for e in events:  # and only the args the analysis reads
+            if isinstance(e.get("args"), dict):
+                e["args"] = {k: v for k, v in e["args"].items() if k in read}
+    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    original = [e["ts"] for e in timed]
+    sized = [
+        e["args"] for e in events if isinstance(e.get("args"), dict) and "Group size" in e["args"]
+    ]
+    for args in sized:
+        args["Group size"] = n_ranks
+    info = document.get("distributedInfo")
+    info = dict(info) if isinstance(info, dict) else {"backend": "nccl"}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rank in range(n_ranks):
+        shift = float((rank * 7919) % 97) + (late_us if rank == late_rank else 0.0)
+        for event, ts in zip(timed, original, strict=True):
+            event["ts"] = ts + shift
+        document["distributedInfo"] = {**info, "rank": rank, "world_size": n_ranks}
+        path = folder / f"rank{rank}.json.gz"
+        path.write_bytes(gzip.compress(msgspec.json.encode(document), compresslevel=1))
+        written.append(path)
+    return written
