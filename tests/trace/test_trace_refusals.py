@@ -14,6 +14,7 @@ from trace_helpers import TRACES, write_trace, x
 
 from scalelab.errors import InputError
 from scalelab.trace import analyze
+from scalelab.trace.synthetic import write_job
 
 PAIR = ("sampled-rank0-of-128.json.gz", "sampled-rank1-of-128.json.gz")
 DAY_US = 86_400 * 1_000_000
@@ -102,11 +103,15 @@ def test_an_impossible_negative_duration_is_refused(tmp_path: Path, category: st
         analyze(path)
 
 
-def test_single_rank_bandwidth_is_a_lower_bound_and_matched_ranks_are_not(tmp_path: Path) -> None:
+def test_single_rank_bandwidth_is_a_lower_bound_and_a_whole_group_is_not(tmp_path: Path) -> None:
     alone = analyze(TRACES / "a100-ddp-rank0-of-2.json.gz").ranks[0].bandwidth
     assert alone and all(row.lower_bound for row in alone)
     assert all(row.to_dict()["lower_bound"] is True for row in alone)
+    # two of 128 ranks: the others may still be late
     for name in PAIR:
         shutil.copy(TRACES / name, tmp_path / name)
-    together = [row for r in analyze(tmp_path).ranks for row in r.bandwidth]
-    assert any(not row.lower_bound for row in together)
+    assert all(row.lower_bound for r in analyze(tmp_path).ranks for row in r.bandwidth)
+    # both ranks of a 2-rank group: times after the last arrival
+    write_job(TRACES / "a100-ddp-rank0-of-2.json.gz", tmp_path / "job", 2, late_rank=1, late_us=40)
+    together = [row for r in analyze(tmp_path / "job").ranks for row in r.bandwidth]
+    assert together and not any(row.lower_bound for row in together if row.group_size == 2)

@@ -157,8 +157,8 @@ def find_stragglers(
             ops = ops_by_rank[r]
             i = rows[r]
             ops.effective_ns[i] = max(int(ops.end_ns[i]) - max(latest, int(ops.start_ns[i])), 0)
-            if ops.matched.size:
-                ops.matched[i] = True
+            if ops.matched.size and len(rs) >= int(ops.group_size[i]):
+                ops.matched[i] = True  # every rank of its group is here: no wait left in it
         caused[last] += wait
         last_count[last] += 1
         step = _step_of(steps_by_rank.get(last), latest)
