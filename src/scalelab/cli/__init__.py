@@ -29,7 +29,25 @@ _VERB_MODULES = (
     "runs",
 )
 
+# Verbs run from an app of their own module alone: the other verbs' imports (pydantic models,
+# catalogs, sweeps: ~1 s of CPU on the 2-core build machine) would cost more than a trace's
+# analysis. The verb, its flags, help and errors are typer's as in the full app.
+_ONE_VERB_APPS = ("trace",)
+
 _APP: Any = None
+
+
+def _new_app() -> typer.Typer:
+    import typer
+
+    return typer.Typer(
+        name="scalelab",
+        help="Measure, explain and predict how LLM training scales across GPUs, layouts and "
+        "hardware.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
 
 
 def _build_app() -> typer.Typer:
@@ -37,20 +55,25 @@ def _build_app() -> typer.Typer:
     if _APP is None:
         from importlib import import_module
 
-        import typer
-
-        app = typer.Typer(
-            name="scalelab",
-            help="Measure, explain and predict how LLM training scales across GPUs, layouts and "
-            "hardware.",
-            no_args_is_help=True,
-            add_completion=False,
-            pretty_exceptions_enable=False,
-        )
+        app = _new_app()
         for name in _VERB_MODULES:
             import_module(f"scalelab.cli.{name}").register(app)
         _APP = app  # only a complete app is kept: a failed import leaves none half-registered
     return _APP
+
+
+def _one_verb_app(verb: str) -> typer.Typer:
+    """An app with one verb (and a callback, so that typer keeps it a subcommand)."""
+    from importlib import import_module
+
+    app = _new_app()
+    app.callback()(_no_options)
+    import_module(f"scalelab.cli.{verb}").register(app)
+    return app
+
+
+def _no_options() -> None:
+    """Measure, explain and predict how LLM training scales across GPUs, layouts and hardware."""
 
 
 def __getattr__(name: str) -> Any:  # `scalelab.cli.app`, built on first use
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
 def _typer_main(args: list[str]) -> None:
     import typer
 
-    app = _build_app()
+    app = _one_verb_app(args[0]) if args and args[0] in _ONE_VERB_APPS else _build_app()
     try:
         app(args=args, standalone_mode=False)
     except InputError as exc:

@@ -14,24 +14,38 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, print_json
 from scalelab.errors import InputError
 from scalelab.trace.kernels import KERNEL_WAIT_NS
 from scalelab.trace.report import Breakdown, RankReport, TraceReport
 
-HELP = """Compute, communication, overlap and exposed communication per rank and per profiler
-step; the straggler of every collective across ranks; idle time by cause; kernels by class;
-collective bandwidth from the trace's own metadata.
+# (not `cli.common`'s: it imports the layout flags' models, which this verb does not need)
+console = Console(width=None if sys.stdout.isatty() else 160)
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document and nothing else")]
 
-GPU traces: NCCL/RCCL, symmetric-memory, NVSHMEM and custom all-reduce kernels are
-communication, other kernels compute, memcpy/memset neither. CPU (gloo) traces: gloo
-collectives are communication, host operators compute. Exposed communication is communication
-with no compute running. Tables in ms; --json in integer nanoseconds.
 
-The files of a folder are the ranks of one run, analysed one process per file; `scalelab trace
-diff A B` compares two runs (files or folders): per step, what grew."""
+def print_json(document: Any) -> None:
+    """One JSON document on stdout (the report holds no NaN or infinity: refused if it did)."""
+    import json
+
+    sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
+
+
+HELP = "\n\n".join(
+    (
+        "Compute, communication, overlap and exposed communication per rank and per profiler "
+        "step; the straggler of every collective across ranks; idle time by cause; kernels by "
+        "class; collective bandwidth from the trace's own metadata.",
+        "GPU traces: NCCL/RCCL, symmetric-memory, NVSHMEM and custom all-reduce kernels are "
+        "communication, other kernels compute, memcpy/memset neither. CPU (gloo) traces: gloo "
+        "collectives are communication, host operators compute. Exposed communication is "
+        "communication with no compute running. Tables in ms; --json in integer nanoseconds.",
+        "The files of a folder are the ranks of one run, analysed one process per file. "
+        "`scalelab trace diff A B` compares two runs (files or folders): per step, what grew.",
+    )
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -45,6 +59,7 @@ def trace(
             help="trace files (.json or .json.gz, one per rank) or folders of them; "
             "`diff A B` compares two runs",
             show_default=False,
+            metavar="PATH",
         ),
     ],
     json_out: JsonOpt = False,
