@@ -46,3 +46,56 @@ def test_an_unknown_table_is_one_clear_error() -> None:
     report = analyze(TRACES / "amd-mi250-rocm.json.gz")
     with pytest.raises(InputError, match="steps, collectives"):
         report.to_pandas("step")
+
+
+def test_the_notebook_example_draws_its_figures(tmp_path: Path) -> None:
+    """examples/trace_notebook.py, run whole on a two-rank folder."""
+    import runpy
+    import sys
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for name in ("sampled-rank0-of-128.json.gz", "sampled-rank1-of-128.json.gz"):
+        shutil.copy(TRACES / name, traces / name)
+    script = Path(__file__).resolve().parents[2] / "examples" / "trace_notebook.py"
+    argv = sys.argv
+    sys.argv = [str(script), str(traces), str(tmp_path / "figures")]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    names = sorted(p.name for p in (tmp_path / "figures").glob("*.png"))
+    assert names == [
+        "exposed_per_step.png",
+        "idle_causes.png",
+        "kernel_classes.png",
+        "step_breakdown.png",
+        "stragglers.png",
+    ]
+
+
+def test_a_script_may_call_analyze_at_top_level(tmp_path: Path) -> None:
+    """The pool's workers never run the caller's script again (no `__main__` guard needed)."""
+    import os
+    import subprocess
+    import sys
+
+    for name in ("sampled-rank0-of-128.json.gz", "sampled-rank1-of-128.json.gz"):
+        shutil.copy(TRACES / name, tmp_path / name)
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from scalelab.trace import analyze\n"
+        f"report = analyze({str(tmp_path)!r}, workers=2)\n"
+        "print('straggler', report.stragglers.straggler)\n"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.count("straggler") == 1

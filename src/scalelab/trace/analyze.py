@@ -10,10 +10,12 @@ caller's own process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -142,7 +144,31 @@ def _each_file(
     if context.get_start_method() == "forkserver":
         context.set_forkserver_preload(["scalelab.trace.analyze"])
     with ProcessPoolExecutor(max_workers=n, mp_context=context) as pool:
-        yield from pool.map(job, files, chunksize=1)
+        with _main_script_not_rerun():  # the workers start with the first submission
+            results = pool.map(job, files, chunksize=1)
+        yield from results
+
+
+@contextlib.contextmanager
+def _main_script_not_rerun() -> Iterator[None]:
+    """Workers started while this holds do not run the caller's script again.
+
+    A `spawn` or `forkserver` worker imports the parent's `__main__` from its file, which runs a
+    script's top-level code (its own call of `analyze` included) unless it is guarded by `if
+    __name__ == "__main__"`. The workers run only this module's functions, so they need none of
+    it: its file and spec are hidden from the start method for as long as the workers start,
+    and a script or notebook cell may call `analyze` at top level as it would call any function."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    try:
+        if "__file__" in saved:
+            del main.__file__  # type: ignore[union-attr]
+        if "__spec__" in saved:
+            main.__spec__ = None  # type: ignore[union-attr]
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
 
 
 def _usable_cores() -> int:
