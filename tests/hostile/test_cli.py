@@ -110,14 +110,14 @@ def test_the_net_under_every_reader(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A parse error that a reader does not turn into an InputError is still one line, exit 2
-    (for the argparse verb and the typer verbs alike)."""
+    (trace's reader and the other verbs' alike)."""
     import scalelab.cli.search
-    import scalelab.cli.trace
+    import scalelab.trace
 
     def fail(*args: object, **kwargs: object) -> None:
         raise exc
 
-    monkeypatch.setattr(scalelab.cli.trace, "run", fail)
+    monkeypatch.setattr(scalelab.trace, "analyze", fail)
     monkeypatch.setattr(scalelab.cli.search, "load_model", fail)
     with pytest.raises(SystemExit) as info:
         main([verb, "x"])

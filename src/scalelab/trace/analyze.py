@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec.structs
 import numpy as np
@@ -128,16 +129,15 @@ def _each_file(
 ) -> Iterator[RankReport | InputError]:
     """Each file's report (or why it is bad), in order: in this process for one file or one
     worker, else from a process pool made for this call."""
-    job = functools.partial(
-        _analyze_or_error,
-        keep_intervals=keep_intervals,
-        parser=parser,
-        kernels=kernels,
-        kernel_wait_ns=kernel_wait_ns,
-    )
+    options: dict[str, Any] = {
+        "keep_intervals": keep_intervals,
+        "parser": parser,
+        "kernels": kernels,
+        "kernel_wait_ns": kernel_wait_ns,
+    }
     n = min(len(files), workers if workers is not None else _usable_cores())
     if n <= 1:
-        yield from map(job, files)
+        yield from (_analyze_or_error(f, **options) for f in files)
         return
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -145,8 +145,9 @@ def _each_file(
         context.set_forkserver_preload(["scalelab.trace.analyze"])
     with ProcessPoolExecutor(max_workers=n, mp_context=context) as pool:
         with _main_script_not_rerun():  # the workers start with the first submission
-            results = pool.map(job, files, chunksize=1)
-        yield from results
+            results = pool.map(functools.partial(_from_worker, **options), files, chunksize=1)
+        for result in results:
+            yield InputError(*result) if isinstance(result, _Bad) else result
 
 
 @contextlib.contextmanager
@@ -181,6 +182,8 @@ def _usable_cores() -> int:
 def _analyze_or_error(
     path: Path, *, keep_intervals: bool, parser: Parser, kernels: bool, kernel_wait_ns: int
 ) -> RankReport | InputError:
+    """The file's report, or the InputError that says why it is bad (returned, not raised, so
+    that one bad file does not stop the others; `_Bad` carries it out of a worker)."""
     try:
         return analyze_file(
             path,
@@ -191,6 +194,16 @@ def _analyze_or_error(
         )
     except InputError as exc:
         return exc
+
+
+class _Bad(tuple):  # type: ignore[type-arg]
+    """An InputError's (field, message), as a worker sends it back: an exception whose
+    constructor takes other arguments than its `args` does not survive pickling."""
+
+
+def _from_worker(path: Path, **options: Any) -> RankReport | _Bad:
+    result = _analyze_or_error(path, **options)
+    return _Bad((result.field, result.message)) if isinstance(result, InputError) else result
 
 
 def _refuse_mixed_runs(ranks: list[RankReport]) -> None:

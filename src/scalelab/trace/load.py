@@ -173,6 +173,8 @@ def _parse_general(path: str | Path, data: bytes) -> RawTrace:
         document = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise InputError(where, f"not valid JSON ({_one_line(exc)})") from None
+    except RecursionError:
+        raise InputError(where, "not a trace: JSON nested too deeply to read") from None
     if isinstance(document, list):  # the Chrome "JSON array" form: just the events
         return RawTrace(path, document, {})
     if not isinstance(document, dict) or "traceEvents" not in document:

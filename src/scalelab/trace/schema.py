@@ -75,7 +75,7 @@ class Document(msgspec.Struct, gc=False):  # type: ignore[call-arg]  # (mypy wit
 
 
 _DECODER = msgspec.json.Decoder(Document)
-DecodeFailed = (msgspec.DecodeError, msgspec.ValidationError)
+DecodeFailed = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def decode(data: bytes | bytearray | memoryview) -> tuple[list[Event], dict[str, Any]]:
