@@ -20,7 +20,9 @@ LATE = 700
 
 def test_1024_ranks_with_their_straggler(tmp_path: Path) -> None:
     source = TRACES / "sampled-rank0-of-128.json.gz"
-    files = write_job(source, tmp_path, N_RANKS, late_rank=LATE, late_us=2_000, keep_categories=KEEP)
+    files = write_job(
+        source, tmp_path, N_RANKS, late_rank=LATE, late_us=2_000, keep_categories=KEEP
+    )
     assert len(files) == N_RANKS
     report = analyze(tmp_path, kernels=False)
     assert [r.rank for r in report.ranks] == list(range(N_RANKS))
