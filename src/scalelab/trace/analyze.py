@@ -1,8 +1,8 @@
 """The facade: `analyze(paths) -> TraceReport`, composing load -> extract -> steps -> measure.
 
 One analysis path. A multi-rank run is analysed as Holistic Trace Analysis does it: one process
-per rank file, from a pool made for the call and closed at its end (`concurrent.futures`, started
-with `forkserver` where the system has it, else `spawn`: never a fork of the caller). A worker
+per rank file, from a pool made for the call and closed at its end (`concurrent.futures` with
+`spawn`: fresh interpreters, never a fork of the caller, nothing kept between calls). A worker
 parses one file, measures it and sends back only its report (small next to the parsed events), so
 memory holds a few files at a time whatever the number of ranks. One file is analysed in the
 caller's own process.
@@ -139,10 +139,9 @@ def _each_file(
     if n <= 1:
         yield from (_analyze_or_error(f, **options) for f in files)
         return
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    if context.get_start_method() == "forkserver":
-        context.set_forkserver_preload(["scalelab.trace.analyze"])
+    # `spawn`: each worker a fresh interpreter (never a fork of a caller that may hold threads or
+    # locks), and nothing left running once the call returns.
+    context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=n, mp_context=context) as pool:
         with _main_script_not_rerun():  # the workers start with the first submission
             results = pool.map(functools.partial(_from_worker, **options), files, chunksize=1)
