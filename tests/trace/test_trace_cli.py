@@ -266,3 +266,17 @@ def test_bandwidth_beside_the_cluster_prediction(capsys: pytest.CaptureFixture[s
         [str(TRACES / "a100-ddp-rank0-of-2.json.gz"), "--bandwidth", "--cluster", "a100-ib"], capsys
     )
     assert code == 0 and "predicted busbw" in out and "AllReduce" in out
+
+
+def test_ranks_of_two_runs_get_one_line_naming_both(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(
+        [str(TRACES / "rank3-of-8.json.gz"), str(TRACES / "cpu-gloo-rank34-of-300.json.gz")],
+        capsys,
+    )
+    assert_one_line_error(code, out, err, "rank3-of-8", "cpu-gloo-rank34-of-300", "--unrelated")
+
+
+def test_one_ranks_bandwidth_table_says_lower_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli([str(TRACES / "a100-ddp-rank0-of-2.json.gz"), "--bandwidth"], capsys)
+    assert code == 0
+    assert "LOWER BOUNDS" in out and "waits included" in out
