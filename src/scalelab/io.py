@@ -66,9 +66,10 @@ def max_input_bytes() -> int:
 def _too_large(field: str, p: Path, limit: int, what: str = "") -> Exception:
     from scalelab.errors import InputError
 
+    size = f"{limit / 2**20:g} MiB" if limit >= 2**20 else f"{limit:,} bytes"
     return InputError(
         field,
-        f"{p}{what} is larger than the {limit / 2**20:g} MiB scalelab reads from one input file "
+        f"{p}{what} is larger than the {size} scalelab reads from one input file "
         f"(set {MAX_INPUT_ENV} to raise the bound)",
     )
 

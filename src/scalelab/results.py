@@ -341,9 +341,8 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
             from scalelab.io import csv_safe_cell
 
             # Text a spreadsheet would run as a formula (a model name, a tag) is escaped.
-            safe = df.rename(columns=csv_safe_cell).apply(
-                lambda column: column.map(csv_safe_cell) if column.dtype == object else column
-            )
+            # (every column: text may be of dtype object or string; numbers pass unchanged)
+            safe = df.rename(columns=csv_safe_cell).apply(lambda column: column.map(csv_safe_cell))
             safe.to_csv(tmp, index=False)
         os.replace(tmp, p)
     finally:
