@@ -266,7 +266,7 @@ def records(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@_settings(30)
+@_settings(20)
 @given(case=_absurd(), pick=st.integers(0, 4))
 def test_absurd_numbers_through_every_verb(
     records: Path, capsys: pytest.CaptureFixture[str], case: Any, pick: int
