@@ -599,3 +599,12 @@ def test_runs_import_and_validate_read_a_bom(
     assert (tmp_path / "plain-t.csv").read_bytes() == (tmp_path / "marked-t.csv").read_bytes()
     typed = io.StringIO((tmp_path / "plain-t.csv").read_text())
     assert next(csv.reader(typed))  # a header
+
+
+def test_every_value_calibrate_can_fit_is_one_the_cluster_accepts() -> None:
+    """The ranges above must not refuse a cluster that `calibrate` wrote."""
+    from scalelab.calibrate import BOUNDS
+
+    for name, (low, high) in BOUNDS.items():
+        for value in (low, high):
+            ClusterParams(**{name: value})
