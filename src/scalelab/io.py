@@ -15,7 +15,18 @@ def _umask() -> int:
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on a temporary file beside `path`, then rename it into place."""
+    """Call `write(tmp)` on a temporary file beside `path`, then rename it into place. An existing
+    `path` that is not a regular file (a device such as /dev/null, a FIFO, a folder) is refused:
+    the rename would replace it."""
+    import errno
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file: give a file to write", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -274,6 +285,8 @@ def refuse_clobber(outputs: dict[str, Path | None], inputs: dict[str, Path | Non
     for flag, path in outputs.items():
         if path is None:
             continue
+        if Path(path).exists() and not Path(path).is_file():
+            raise InputError(flag, f"{path} is not a regular file (a device, FIFO or folder)")
         key = _identity(Path(path))
         if key in inputs_seen:
             raise InputError(

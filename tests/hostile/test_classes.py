@@ -608,3 +608,28 @@ def test_every_value_calibrate_can_fit_is_one_the_cluster_accepts() -> None:
     for name, (low, high) in BOUNDS.items():
         for value in (low, high):
             ClusterParams(**{name: value})
+
+
+FILE_OUTPUTS = [
+    (["runs", "import", str(RAW), "--out", "{X}"], "out"),
+    (["runs", "import", str(RAW), "--out", "{d}/t.csv", "--skipped", "{X}"], "skipped"),
+    (["calibrate", "{d}/rec", "--out", "{X}"], "out"),
+    (["calibrate", "{d}/rec", "--stack-params", "step_overhead_ms", "--stack-out", "{X}"], "stack-out"),
+]  # fmt: skip
+
+
+@_settings(12)
+@given(case=st.sampled_from(FILE_OUTPUTS), kind=st.sampled_from(["/dev/null", "fifo", "folder"]))
+def test_an_output_that_is_a_device_is_refused(
+    records: Path, capsys: pytest.CaptureFixture[str], case: Any, kind: str
+) -> None:
+    """As root, renaming a written file over /dev/null would replace the device."""
+    args, flag = case
+    target = Path(kind) if kind == "/dev/null" else records / kind
+    if kind == "fifo" and not target.exists():
+        os.mkfifo(target)
+    target.mkdir(exist_ok=True) if kind == "folder" else None
+    argv = [a.format(d=records, X=target) for a in args]
+    _refused(_run(capsys, argv), flag)
+    assert Path("/dev/null").is_char_device()
+    assert not (records / "t.csv").exists()
