@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import yaml
@@ -31,6 +32,8 @@ from scalelab.io import atomic_write_text
 from scalelab.perf import comm
 from scalelab.perf.predict import predict
 from scalelab.predicted import record_layout, record_model
+
+T = TypeVar("T")
 
 COMM_INTRA = (
     "nvlink_bus_efficiency",
@@ -478,6 +481,23 @@ def write_cluster_yaml(cluster: ClusterSpec, result: FitResult, path: Path, note
     return atomic_write_text(path, yaml.safe_dump(document, sort_keys=False))
 
 
+def _record_part(rec: Any, part: str, read: Callable[[Any], T]) -> T:
+    """One part of a bench record, read by `read`; missing or invalid: an InputError naming the
+    record, the part and (for a value pydantic refuses, like a layout of 0 GPUs) the field."""
+    where = f"records: {rec.name}: {part}"
+    try:
+        return read(rec)
+    except (KeyError, TypeError):
+        raise InputError(where, "the bench record lacks it") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise InputError(f"{where}.{loc}" if loc else where, message) from None
+    except InputError as exc:
+        raise InputError(where, f"{exc.field}: {exc.message}") from None
+
+
 def points_from_records(
     records: list[Any],
 ) -> tuple[list[CommPoint], list[StepPoint], dict[str, int]]:
@@ -525,16 +545,15 @@ def points_from_records(
                     )
                 comm_points.append(point)
         elif rec.kind == "bench":
-            try:
-                if not isinstance(rec.workload.get("model_spec"), dict):
-                    raise KeyError("model_spec")
-                model = record_model(rec)
-                layout = record_layout(rec)
-                step = rec.summary["step_time_s"]["mean"]
-            except (KeyError, TypeError, ValidationError, InputError):
+            if not isinstance(rec.workload.get("model_spec"), dict):
                 raise InputError(
-                    "records", f"{rec.name}: bench record lacks model_spec, layout or step_time_s"
-                ) from None
+                    f"records: {rec.name}: workload.model_spec", "the bench record lacks it"
+                )
+            model = _record_part(rec, "workload.model_spec", record_model)
+            layout = _record_part(rec, "layout", record_layout)
+            step = _record_part(
+                rec, "summary.step_time_s.mean", lambda r: r.summary["step_time_s"]["mean"]
+            )
             if (
                 isinstance(step, bool)
                 or not isinstance(step, (int, float))

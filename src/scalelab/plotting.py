@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from scalelab.io import atomic_write, atomic_write_text
+from scalelab.io import atomic_write, atomic_write_text, csv_safe_cell
 
 # The study's own measured values: one marker everywhere, black and large, above the model lines.
 STUDY_MARKER: dict[str, Any] = {
@@ -164,16 +164,19 @@ def gpu_axis(ax: Any, gpus: Iterable[int], label: str = "GPUs") -> None:
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows (dicts) as CSV, columns in first-seen order, written atomically."""
+    """Rows (dicts) as CSV, columns in first-seen order, written atomically; text that a
+    spreadsheet would run as a formula (a model name `=cmd|...`) is escaped (`csv_safe_cell`)."""
     keys: list[str] = []
     for row in rows:
         keys.extend(k for k in row if k not in keys)
 
     def write(tmp: Path) -> None:
         with tmp.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer = csv.DictWriter(fh, fieldnames=[csv_safe_cell(k) for k in keys])
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows(
+                {csv_safe_cell(k): csv_safe_cell(v) for k, v in row.items()} for row in rows
+            )
 
     return atomic_write(path, write)
 

@@ -164,12 +164,13 @@ def write_record(record: Record, out_dir: str | Path, *, overwrite: bool = True)
 
 def load_record(path: str | Path) -> Record:
     """Read one record; a corrupt file or a newer schema is an `InputError` naming the file."""
+    from scalelab.io import read_user_text
+
     p = Path(path)
+    text = read_user_text("record", p)  # bounded; a device or FIFO is refused
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("record", f"no such file: {p}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise InputError(
             "record", f"{p} is not a valid JSON record ({exc.__class__.__name__})"
         ) from None
@@ -337,7 +338,12 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
                     "export", "Parquet needs pyarrow: pip install 'scalelab[measure]'"
                 ) from None
         else:
-            df.to_csv(tmp, index=False)
+            from scalelab.io import csv_safe_cell
+
+            # Text a spreadsheet would run as a formula (a model name, a tag) is escaped.
+            # (every column: text may be of dtype object or string; numbers pass unchanged)
+            safe = df.rename(columns=csv_safe_cell).apply(lambda column: column.map(csv_safe_cell))
+            safe.to_csv(tmp, index=False)
         os.replace(tmp, p)
     finally:
         with contextlib.suppress(FileNotFoundError):

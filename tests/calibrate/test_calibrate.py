@@ -146,12 +146,24 @@ def _record_file(tmp_path: Path, **fields) -> Path:
     return path
 
 
+_TINY = load_model("llama-tiny").model_dump()
+
+
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
         ({"kind": "sweep"}, "kind 'sweep' cannot be calibrated"),
-        ({"workload": {"model": "llama2-7b"}}, "lacks model_spec"),
+        ({"workload": {"model": "llama2-7b"}}, "model_spec: the bench record lacks it"),
         ({"schema_version": 99}, "schema"),
+        # A record of 0 GPUs is named as such, not as one that "lacks" a part (issue 34).
+        (
+            {
+                "workload": {"model": "llama-tiny", "model_spec": _TINY},
+                "layout": {"gpus": 0, "global_batch": 2, "seq_len": 256},
+                "summary": {"step_time_s": {"mean": 0.25}},
+            },
+            "layout.gpus: Input should be greater than 0",
+        ),
     ],
 )
 def test_bad_records_get_one_line_and_exit_2(cli, tmp_path, fields: dict, needle: str) -> None:

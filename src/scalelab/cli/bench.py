@@ -133,7 +133,14 @@ def bench(
     The layout flags are generated from `scalelab.config.Layout`'s fields (as for predict)."""
     from pydantic import ValidationError
 
-    from scalelab.cli.common import MAX_COUNT, at_most, choice, positive, writable_folder
+    from scalelab.cli.common import (
+        MAX_COUNT,
+        at_most,
+        choice,
+        only_with,
+        positive,
+        writable_folder,
+    )
     from scalelab.config.catalog import load_cluster, load_model
     from scalelab.config.layout import check
     from scalelab.measure.config import (
@@ -157,6 +164,8 @@ def bench(
     choice("compute-dtype", compute_dtype, ("auto", "fp32", "bf16"))
     choice("grad-sync", grad_sync, ("step", "microbatch"))
     choice("fp8-recipe", fp8_recipe, ("tensorwise", "rowwise"))
+    # (--fp8-recipe and --fp8-all-gather without --precision fp8: check_layout_options)
+    only_with("--profile-steps", profile_steps != 3, "--profile", profile)
     try:
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,

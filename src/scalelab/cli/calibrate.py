@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, print_json, writable_folder
+from scalelab.cli.common import JsonOpt, console, only_with, print_json, writable_folder
 from scalelab.errors import InputError
+from scalelab.io import refuse_clobber
 
 
 def register(app: typer.Typer) -> None:
@@ -68,17 +69,26 @@ def calibrate(
     from scalelab.config.catalog import load_cluster
     from scalelab.results import load_record, record_paths
 
+    only_with(
+        "--stack-out", stack_out != Path("my-stack.yaml"), "--stack-params", bool(stack_params)
+    )
     cluster = load_cluster(base)
     paths: list[Path] = []
     for item in records or []:
         if item.is_dir():
             paths += record_paths(item)
-        elif item.is_file():
-            paths.append(item)
+        elif item.exists() or item.is_symlink():
+            paths.append(item)  # a device or FIFO too: load_record says what it is
         else:
             raise InputError("records", f"no such file or folder: {item}")
     if not paths and not traces:
         raise InputError("records", "no record files found (give records or --trace)")
+    # No output may be a file that is read (nor the other output): refused before any work.
+    inputs: dict[str, Path | None] = {f"records ({p.name})": p for p in paths}
+    for flag, text in (("base", base), ("stack", stack)):
+        inputs[flag] = Path(text) if Path(text).is_file() else None
+    inputs.update({f"trace ({t.name})": t for t in traces or [] if t.is_file()})
+    refuse_clobber({"out": out, "stack-out": stack_out if stack_params else None}, inputs)
     from dataclasses import replace
 
     from scalelab.config.catalog import load_stack

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.common import JsonOpt, console, only_with, print_json
 
 DirArg = Annotated[
     Path,
@@ -46,6 +46,7 @@ def report(
     them, summary.csv, and every record as records.parquet and records.csv."""
     from scalelab.report import build_report
 
+    only_with("--cluster", cluster is not None, "--predict", predict)
     result = build_report(directory, out, predict=predict, cluster=cluster)
     if json_out:
         print_json(result.to_dict())

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from scalelab.cli.common import JsonOpt, print_json
+from scalelab.cli.common import JsonOpt, print_json, safe_print
 
 runs_app = typer.Typer(help="Typed published training runs: import raw CSVs.", no_args_is_help=True)
 
@@ -31,9 +31,11 @@ def import_runs(
     json_out: JsonOpt = False,
 ) -> None:
     """Read every row with the written rules; rows that cannot be read are skipped with a reason."""
+    from scalelab.io import refuse_clobber
     from scalelab.runs.importer import import_file, write_skipped
     from scalelab.runs.schema import write_runs
 
+    refuse_clobber({"out": out, "skipped": skipped_out}, {"raw": raw, "review": review})
     readings = import_file(raw, review)
     runs = [r.run for r in readings if r.run is not None]
     write_runs(runs, out)
@@ -50,6 +52,6 @@ def import_runs(
     if json_out:
         print_json(summary)
         return
-    print(f"{len(runs)} of {len(readings)} rows imported to {out}")
+    safe_print(f"{len(runs)} of {len(readings)} rows imported to {out}")
     for reason, n in reasons.most_common():
-        print(f"  skipped {n}: {reason}")
+        safe_print(f"  skipped {n}: {reason}")

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, choice, console, err_console, print_json
+from scalelab.cli.common import JsonOpt, choice, console, err_console, only_with, print_json
 from scalelab.errors import InputError
 from scalelab.sweep.run import PointStatus
 from scalelab.sweep.run import Progress as SweepProgress
@@ -128,6 +128,12 @@ def sweep(
     from scalelab.sweep.schema import load_sweep
 
     choice("executor", executor, ("local", "slurm"))
+    for flag, value in (
+        ("--partition", partition),
+        ("--account", account),
+        ("--time-min", time_min),
+    ):
+        only_with(flag, value is not None, "--executor slurm", executor == "slurm")
     spec, base = load_sweep(sweep_file)
     if gpus_per_node is not None:
         if gpus_per_node < 1:

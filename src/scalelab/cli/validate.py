@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.common import JsonOpt, console, only_with, print_json, safe_print
 
 DataOpt = Annotated[
     Path | None,
@@ -55,9 +55,10 @@ def validate(
     from scalelab.validate import explain as explain_row
     from scalelab.validate import run_validation
 
+    only_with("--review", review is not None, "--data", data is not None)
     if explain is not None:
         for line in explain_row(explain, data, review):
-            print(line)
+            safe_print(line)
         return
     report = run_validation(data, review, with_cross_validation=cross_validate)
     if json_out:

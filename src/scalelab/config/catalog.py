@@ -46,9 +46,7 @@ def _looks_like_file(name: str) -> bool:
 
 def _read_yaml(field: str, path_text: str) -> dict[str, Any]:
     path = Path(path_text)
-    if not path.is_file():
-        raise InputError(field, f"no such file: {path_text}")
-    data = load_user_yaml(field, path)
+    data = load_user_yaml(field, path)  # missing, a folder, a device, too large: one line
     if not isinstance(data, dict):
         raise InputError(field, f"{path_text} must hold a YAML mapping of fields")
     return data
@@ -56,8 +54,9 @@ def _read_yaml(field: str, path_text: str) -> dict[str, Any]:
 
 def _pydantic_message(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "value"
-    return f"{where}: {err['msg']}"
+    where = ".".join(str(p) for p in err["loc"])
+    message = str(err["msg"]).removeprefix("Value error, ")  # a check over several fields
+    return f"{where}: {message}" if where else message
 
 
 def load_model(name_or_path: str) -> ModelSpec:

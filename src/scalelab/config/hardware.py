@@ -5,15 +5,24 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from scalelab.config.strict import StrictNumbers
 
 Precision = Literal["bf16", "fp16", "fp8"]
 # Number formats a GPU's peak may be listed for: the training precisions, then block-scaled formats
 # (OCP microscaling MXFP8/MXFP4 and NVIDIA's NVFP4) of Blackwell and CDNA 4 parts.
 PEAK_FORMATS: tuple[str, ...] = ("bf16", "fp16", "fp8", "mxfp8", "nvfp4", "mxfp4")
 
+# Plausible ranges of the datasheet numbers. Each bound is far outside every real part (the
+# catalog's extremes in brackets), so it refuses only a typo or a unit slip (TFLOP/s given as
+# FLOP/s, Gb/s as b/s), which would otherwise predict a step of days or of nanoseconds.
+# No accelerator has more than 100 PFLOP/s dense in any format [B300 NVFP4: 15 PFLOP/s]; one CPU
+# core standing in for a GPU does at least 1 GFLOP/s [cpu-gloo: 0.1 TFLOP/s].
+MIN_PEAK_TFLOPS, MAX_PEAK_TFLOPS = 1e-3, 1e5
 
-class GPUSpec(BaseModel):
+
+class GPUSpec(StrictNumbers):
     """One accelerator's datasheet numbers (dense peaks, HBM, NVLink per direction, power)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,22 +41,42 @@ class GPUSpec(BaseModel):
     sm_count: int = Field(
         132,
         gt=0,
+        le=4096,
         description="streaming multiprocessors (architecture whitepaper): the SMs a collective's "
-        "channels take a share of while it runs",
+        "channels take a share of while it runs; 1 to 4096 (the most on one die today: 304 "
+        "compute units, MI300X)",
     )
-    hbm_gib: float = Field(gt=0, description="HBM capacity, GiB (datasheet)")
-    hbm_gbs: float = Field(gt=0, description="HBM bandwidth, GB/s (datasheet)")
+    hbm_gib: float = Field(
+        ge=0.0625,
+        le=16384,
+        description="HBM capacity, GiB (datasheet); 1/16 to 16384 (the most today: 288 GB, B300)",
+    )
+    hbm_gbs: float = Field(
+        ge=1,
+        le=100_000,
+        description="HBM bandwidth, GB/s (datasheet); 1 to 100,000 (the most today: 8,000, B200)",
+    )
     nvlink_gbs: float = Field(
-        gt=0,
-        description="NVLink bandwidth per GPU per direction, GB/s (datasheet: half the bidirectional)",
+        ge=0.1,
+        le=100_000,
+        description="NVLink bandwidth per GPU per direction, GB/s (datasheet: half the "
+        "bidirectional); 0.1 (below a PCIe 1.0 lane's 0.25 GB/s no link joins GPUs) to 100,000 "
+        "(NVLink 5: 900)",
     )
     nvls: bool = Field(
         default=False,
         description="NVLink SHARP (in-switch all-reduce) available (NVSwitch 3 and later)",
     )
-    tdp_w: float = Field(gt=0, description="board power limit (TDP), W (datasheet)")
+    tdp_w: float = Field(
+        ge=1,
+        le=10_000,
+        description="board power limit (TDP), W (datasheet); 1 to 10,000 (the most today: "
+        "1,400 W, B300)",
+    )
     idle_w: float = Field(
-        ge=0, description="typical idle board power, W (a measured reading; says so)"
+        ge=0,
+        le=10_000,
+        description="typical idle board power, W (a measured reading; says so); at most tdp_w",
     )
     device: Literal["gpu", "cpu"] = Field(
         "gpu",
@@ -72,9 +101,23 @@ class GPUSpec(BaseModel):
                 )
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{precision}: must be a positive number of TFLOP/s, not {value}")
+            if not MIN_PEAK_TFLOPS <= value <= MAX_PEAK_TFLOPS:
+                raise ValueError(
+                    f"{precision}: {value:g} TFLOP/s is outside {MIN_PEAK_TFLOPS:g} to "
+                    f"{MAX_PEAK_TFLOPS:g} (no accelerator has more than 100 PFLOP/s dense)"
+                )
         if "bf16" not in peaks and "fp16" not in peaks:
             raise ValueError("give at least the bf16 or the fp16 peak")
         return peaks
+
+    @model_validator(mode="after")
+    def _idle_below_tdp(self) -> GPUSpec:
+        if self.idle_w > self.tdp_w:
+            raise ValueError(
+                f"idle_w ({self.idle_w:g} W) must be at most tdp_w ({self.tdp_w:g} W): a board "
+                "idles below its power limit"
+            )
+        return self
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a training precision; where the GPU lists none for it (no fp8
@@ -97,7 +140,7 @@ class GPUSpec(BaseModel):
         return self.nvlink_gbs * 1e9
 
 
-class ClusterParams(BaseModel):
+class ClusterParams(StrictNumbers):
     """Free parameters of the predictor for one cluster: what `calibrate` fits.
 
     Latencies follow NCCL's tuning model (src/graph/tuning.cc): a collective costs a base latency,
@@ -122,36 +165,43 @@ class ClusterParams(BaseModel):
     base_latency_us: float = Field(
         8.4,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs: fixed latency of one collective launch (NCCL baseLat for the Simple protocol; LL and LL128 scale from it as in NCCL's tuning.cc). Fitted to small-message nccl-tests.",
     )
     net_base_latency_us: float = Field(
         20.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs: extra fixed latency once a collective spans nodes (network setup, proxy thread). Assumed, or fitted to multi-node nccl-tests.",
     )
     nvlink_step_latency_us: float = Field(
         3.4,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs per ring step over NVLink, Simple protocol (NCCL hwLat[NVLINK][RING][SIMPLE] = 3.4 µs, src/graph/tuning.cc 2.20; LL and LL128 scale by NCCL's 0.6/3.4 and 1.9/3.4). Fitted per cluster to one-node nccl-tests where a sweep exists, else NCCL's value.",
     )
     net_step_latency_us: float = Field(
         14.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs per ring step that crosses the network, Simple protocol: NCCL's own hwLat[NET][RING][SIMPLE] = 14.0 µs (src/graph/tuning.cc, v2.18.1 and later, so 2.20.5; 9.6 before). LL and LL128 scale by NCCL's 2.7/14 and 4.0/14. Not fitted.",
     )
     tree_level_latency_us: float = Field(
         20.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs per level of NCCL's inter-node tree (all-reduce only). Assumed from NCCL's tuning model.",
     )
     bandwidth_ramp_mib: float = Field(
         4.0,
         ge=0,
+        le=1e6,  # about 1 TB: no buffer or bucket is larger
         description="MiB: the buffer size at which bus bandwidth reaches half its plateau (NCCL spreads larger buffers over more channels). Fitted to nccl-tests size sweeps.",
     )
     net_scale_degradation: float = Field(
         0.02,
         ge=0,
+        le=2,  # calibrate's fitting range: a third of the bandwidth left at 2 nodes
         description="fractional loss of network bus bandwidth per doubling of the nodes a collective spans (the study's Figure 2). Fitted to multi-node nccl-tests.",
     )
     gemm_efficiency: float = Field(
@@ -163,6 +213,7 @@ class ClusterParams(BaseModel):
     gemm_half_gflop: float = Field(
         2.0,
         ge=0,
+        le=1e6,  # 1 PFLOP: a GEMM larger than any model's
         description="GFLOP: the GEMM size at which efficiency is half of gemm_efficiency (small GEMMs run slower). Fitted with gemm_efficiency.",
     )
     attention_efficiency: float = Field(
@@ -186,6 +237,7 @@ class ClusterParams(BaseModel):
     nccl_channels: int = Field(
         24,
         ge=0,
+        le=1024,  # NCCL's MAXCHANNELS is 64 (2.20)
         description="NCCL channels (one CTA, so one SM, each) a data-parallel collective runs on: "
         "Kineto traces of A100 jobs show NCCL kernels launched with 16-24 CTAs (HTA's test traces "
         "a100-rank0-of-16, rank3-of-8); 16-32 on DGX H100 (NCCL picks 2-4 per NIC). While a "
@@ -202,11 +254,13 @@ class ClusterParams(BaseModel):
     layer_overhead_us: float = Field(
         150.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs of host and kernel-launch overhead per layer per forward (twice in backward). Fitted to published runs / measured steps.",
     )
     microbatch_overhead_us: float = Field(
         0.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs of host cost per micro-batch outside the layers (embedding, head, loss, "
         "autograd engine start, the micro-batch's slicing and hooks): 0 on GPU, where it hides "
         "behind queued kernels; fitted by `calibrate` on CPU, where every op runs on the host.",
@@ -214,6 +268,7 @@ class ClusterParams(BaseModel):
     tp_layer_overhead_us: float = Field(
         0.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs of extra host cost per layer per forward (twice in backward) under tensor "
         "parallelism (DTensor dispatch of every op in a TP block): 0 on GPU, where it hides behind "
         "queued kernels; fitted by `calibrate` on CPU.",
@@ -221,6 +276,7 @@ class ClusterParams(BaseModel):
     ddp_bucket_mib: float = Field(
         0.0,
         ge=0,
+        le=1e6,  # about 1 TB: no buffer or bucket is larger
         description="MiB of gradients per DDP AllReduce (PyTorch DDP's bucket_cap_mb, 25): DDP then "
         "issues ceil(gradient bytes / bucket) AllReduces after backward instead of one per layer; 0 "
         "keeps one per layer overlapped with backward (what the GPU clusters were calibrated with).",
@@ -228,6 +284,7 @@ class ClusterParams(BaseModel):
     compute_bytes: float = Field(
         2.0,
         gt=0,
+        le=8,  # fp64, the widest dtype
         description="bytes per element of the training dtype in activations, parameter gathers "
         "and activation communication: 2 (bf16 on GPUs); 4 on CPU ranks, where the harness "
         "trains in fp32.",
@@ -235,11 +292,13 @@ class ClusterParams(BaseModel):
     collective_overhead_us: float = Field(
         0.0,
         ge=0,
+        le=1e6,  # 1 s: NCCL's latencies and host overheads are µs to ms
         description="µs of framework host cost per collective (hooks, copies, launch). Fitted by `calibrate`.",
     )
     step_overhead_ms: float = Field(
         20.0,
         ge=0,
+        le=3.6e6,  # an hour per step
         description="ms of fixed per-step overhead (data loading, logging, synchronisation). Fitted by `calibrate`.",
     )
     compute_power_fraction: float = Field(
@@ -255,12 +314,13 @@ class ClusterParams(BaseModel):
     memory_reserve_gib: float = Field(
         4.0,
         ge=0,
+        le=16384,  # the most HBM (GPUSpec.hbm_gib)
         description="GiB per GPU not available to tensors (CUDA context, allocator fragmentation, workspaces). Assumed from PyTorch measurements.",
     )
     source: str = Field("", description="where the values set for this cluster come from")
 
 
-class ClusterSpec(BaseModel):
+class ClusterSpec(StrictNumbers):
     """Nodes of `gpus_per_node` GPUs joined by NVLink (a domain of `nvlink_domain` GPUs) and NICs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -277,7 +337,10 @@ class ClusterSpec(BaseModel):
         gt=0, le=2**10, description="compute-network NICs per node (datasheet)"
     )
     nic_gbps: float = Field(
-        gt=0, description="line rate of one NIC, Gb/s per direction (datasheet)"
+        ge=0.1,
+        le=100_000,
+        description="line rate of one NIC, Gb/s per direction (datasheet); 0.1 (no training "
+        "network is slower than 100 Mb/s Ethernet) to 100,000 (the fastest today: 800)",
     )
     nvlink_pair_fraction: float = Field(
         1.0,

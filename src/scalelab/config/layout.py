@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.model import ModelSpec
@@ -25,6 +25,7 @@ from scalelab.config.options import (
     Recompute,
     Sharding,
 )
+from scalelab.config.strict import StrictNumbers
 from scalelab.errors import InputError
 
 # Older names of the option types (runs/schema.py and others import them from here).
@@ -47,7 +48,7 @@ MAX_GLOBAL_BATCH = 2**24
 MAX_SEQ_LEN = 2**24
 
 
-class Layout(BaseModel):
+class Layout(StrictNumbers):
     """One parallelism layout of a job on `gpus` GPUs (degrees multiply to `gpus`).
 
     The same object drives the predictor (`scalelab predict`, `search`) and the harness

@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from scalelab.config.options import Recompute
+from scalelab.config.strict import StrictNumbers
 
 ArrayLike = int | float | np.ndarray
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictNumbers):
     """A Llama- or GPT-style decoder. Counts follow the Hugging Face implementations exactly."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

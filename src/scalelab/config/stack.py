@@ -14,11 +14,12 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from scalelab.config.hardware import ClusterParams, ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable
 from scalelab.config.options import PipelineSchedule, Sharding
+from scalelab.config.strict import StrictNumbers
 from scalelab.errors import InputError
 
 # The ClusterParams a stack may set: what the framework, not the hardware, decides.
@@ -32,7 +33,7 @@ STACK_PARAMS: tuple[str, ...] = (
 )
 
 
-class StackParams(BaseModel):
+class StackParams(StrictNumbers):
     """Framework-side parameters; None keeps the cluster's value (each set one names its source
     in `StackSpec.source`)."""
 
@@ -53,24 +54,34 @@ class StackParams(BaseModel):
         "(ClusterParams.fp8_efficiency_ratio)",
     )
     collective_overhead_us: float | None = Field(
-        None, ge=0, description="µs of host work per collective the framework issues"
+        None,
+        ge=0,
+        le=1e6,  # 1 s: host costs are µs to ms
+        description="µs of host work per collective the framework issues",
     )
     layer_overhead_us: float | None = Field(
-        None, ge=0, description="µs of host and launch overhead per layer per forward"
+        None,
+        ge=0,
+        le=1e6,  # 1 s: host costs are µs to ms
+        description="µs of host and launch overhead per layer per forward",
     )
     step_overhead_ms: float | None = Field(
-        None, ge=0, description="ms of fixed per-step work (dataloader, logging, hooks)"
+        None,
+        ge=0,
+        le=3.6e6,  # an hour per step
+        description="ms of fixed per-step work (dataloader, logging, hooks)",
     )
     tp_layer_overhead_us: float | None = Field(
         None,
         ge=0,
+        le=1e6,  # 1 s: host costs are µs to ms
         description="µs per layer per forward (twice in backward) that tensor parallelism adds "
         "beyond its collectives' NCCL time: host dispatch and the wait for the slowest rank at "
         "each TP collective (ClusterParams.tp_layer_overhead_us)",
     )
 
 
-class StackSpec(BaseModel):
+class StackSpec(StrictNumbers):
     """One training framework's behaviour (catalog/stacks.yaml or a YAML file)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,11 +96,16 @@ class StackSpec(BaseModel):
         default=tuple(Sharding),
         description="data-parallel sharding modes the framework offers",
     )
+    # Degrees above 2**20 (the most GPUs a layout has, config.layout.MAX_GPUS) mean nothing.
     max_tp: int = Field(
-        2**20, gt=0, description="largest tensor-parallel degree offered (1: no TP)"
+        2**20, gt=0, le=2**20, description="largest tensor-parallel degree offered (1: no TP)"
     )
-    max_pp: int = Field(2**20, gt=0, description="largest pipeline degree offered (1: no PP)")
-    max_cp: int = Field(2**20, gt=0, description="largest context-parallel degree offered")
+    max_pp: int = Field(
+        2**20, gt=0, le=2**20, description="largest pipeline degree offered (1: no PP)"
+    )
+    max_cp: int = Field(
+        2**20, gt=0, le=2**20, description="largest context-parallel degree offered"
+    )
     microbatch_grad_sync: tuple[Sharding, ...] = Field(
         default=(),
         description="shardings whose data-parallel gradients the framework reduces on every "
@@ -135,6 +151,7 @@ class StackSpec(BaseModel):
     grad_reduce_bytes: float = Field(
         4.0,
         gt=0,
+        le=8,  # fp64, the widest dtype
         description="bytes per gradient element the data-parallel reduction moves: 4 where "
         "gradients are reduced in fp32 (FSDP2's reduce_dtype fp32, Megatron's fp32 main "
         "gradients), 2 where the framework reduces the half-precision gradients before widening "
@@ -190,6 +207,14 @@ class StackSpec(BaseModel):
         "on (`calibrate.fit_stack`); validate's cross-validation drops them for those groups",
     )
     source: str = Field("", description="where each behaviour and parameter comes from")
+
+    @field_validator("fp8_recipe_ratios")
+    @classmethod
+    def _ratios_are_fractions(cls, ratios: dict[str, float]) -> dict[str, float]:
+        for recipe, ratio in ratios.items():
+            if not 0 < ratio <= 1:  # as StackParams.fp8_efficiency_ratio
+                raise ValueError(f"{recipe}: {ratio:g} must be above 0 and at most 1")
+        return ratios
 
     def grad_sync_every_microbatch(self, table: LayoutTable) -> np.ndarray:
         """Layouts whose gradients this stack reduces on every micro-batch: gradient accumulation

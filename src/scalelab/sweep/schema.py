@@ -13,29 +13,49 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from scalelab.config.layout import Layout
+from scalelab.config.strict import StrictNumbers
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
 
 _SAFE_SLURM = re.compile(r"[\x00\n\r\\]")
+# An environment variable's name (POSIX: letters, digits and _, not starting with a digit); a
+# name with `=` or a space cannot be set (`os.environ`, `execve`), a NUL ends a value early.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Layout fields a template leaves to the sweep: the scale sets gpus, the sweep seq_len.
 _SET_BY_SWEEP = ("gpus", "seq_len", "global_batch")
 
 
-class SlurmOptions(BaseModel):
+class SlurmOptions(StrictNumbers):
     """How each point is submitted to SLURM (one job per point, one task per node)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    time_min: int = Field(60, gt=0, description="time limit of each job, minutes")
-    cpus_per_task: int | None = Field(None, gt=0, description="CPUs per node (one task per node)")
-    mem_gb: float | None = Field(None, gt=0, description="memory per node, GB")
+    time_min: int = Field(
+        60,
+        gt=0,
+        le=5_256_000,
+        description="time limit of each job, minutes (at most ten years: longer is a typo)",
+    )
+    cpus_per_task: int | None = Field(
+        None,
+        gt=0,
+        le=2**16,
+        description="CPUs per node (one task per node; at most 65,536: no node has more)",
+    )
+    mem_gb: float | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description="memory per node, GB (at most 1,000,000: no node has a petabyte; SLURM "
+        "takes it in MB)",
+    )
     exclusive: bool = True
     setup: list[str] = Field(
         default_factory=list,
@@ -106,10 +126,10 @@ def layout_from_template(template: BaseModel, gpus: int, global_batch: int, seq_
     return Layout(gpus=gpus, global_batch=batch, seq_len=seq_len, **fields)
 
 
-class SweepFile(BaseModel):
+class SweepFile(StrictNumbers):
     """The YAML file `scalelab sweep` reads."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str | None = None
     models: list[str] = Field(min_length=1)
@@ -129,15 +149,30 @@ class SweepFile(BaseModel):
     layouts: list[dict[str, Any]] = Field(default_factory=lambda: [{"sharding": "fsdp"}])
     runs: int = Field(1, gt=0, description="independent jobs of each point")
     bench: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables every job of the sweep gets"
+    )
     slurm: SlurmOptions = Field(default_factory=SlurmOptions)
+
+    @field_validator("env")
+    @classmethod
+    def _env_can_be_set(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a variable name: letters, digits and _, not starting with "
+                    "a digit"
+                )
+            if "\x00" in value:
+                raise ValueError(f"{name}: a value may not contain a NUL character")
+        return env
 
 
 def first_error(exc: ValidationError, prefix: str) -> InputError:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"])
     field = f"{prefix}.{where}" if prefix and where else (prefix or where or "sweep")
-    return InputError(field, str(err["msg"]))
+    return InputError(field, str(err["msg"]).removeprefix("Value error, "))
 
 
 def resolve_path(text: str, base: Path) -> str:
@@ -151,9 +186,7 @@ def resolve_path(text: str, base: Path) -> str:
 def load_sweep(path: str | Path) -> tuple[SweepFile, Path]:
     """Read and check a sweep file; returns it and the folder relative paths start from."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError("sweep", f"no such file: {p}")
-    data = load_user_yaml("sweep", p)
+    data = load_user_yaml("sweep", p)  # missing, a folder, a device, too large: one line
     if not isinstance(data, dict):
         raise InputError("sweep", f"{p} must hold a YAML mapping (models, nodes, layouts, ...)")
     try:

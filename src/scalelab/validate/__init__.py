@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.errors import InputError
+from scalelab.io import read_user_text
 from scalelab.runs.importer import import_rows, read_raw_csv, read_review
 from scalelab.runs.schema import is_typed_header
 from scalelab.validate.cases import (
@@ -234,13 +235,9 @@ def explain(row: int, data: Path | None = None, review: Path | None = None) -> l
     if data is None:
         readings = shipped_readings()
     else:
-        if not data.is_file():
-            raise InputError("data", f"no such file: {data}")
-        if review is not None and not review.is_file():
-            raise InputError("review", f"no such file: {review}")
-        entries = read_review(review.read_text()) if review else []
-        text = data.read_text()
-        if is_typed_header(text.splitlines()[0].split(",")):
+        entries = read_review(read_user_text("review", review)) if review else []
+        text = read_user_text("data", data)
+        if is_typed_header((text.splitlines() or [""])[0].split(",")):
             raise InputError(
                 "data", "--explain reads a raw CSV (a typed file has nothing to explain)"
             )

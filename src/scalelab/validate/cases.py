@@ -139,14 +139,10 @@ def load_runs(
         runs = read_runs(_package_text(TYPED_DATA))
         records = csv.DictReader(io.StringIO(_package_text(SKIPPED_DATA)))
         return runs, [(int(r["row"]), r["reason"]) for r in records]
-    if not data.is_file():
-        raise InputError("data", f"no such file: {data}")
     text = read_user_text("data", data)
     first = text.splitlines()[0] if text.strip() else ""
     if is_typed_header(first.split(",")):
         return read_runs(text, "data"), []
-    if review is not None and not review.is_file():
-        raise InputError("review", f"no such file: {review}")
     entries = read_review(read_user_text("review", review)) if review else []
     readings = import_rows(read_raw_csv(text), entries)
     runs = [r.run for r in readings if r.run is not None]
