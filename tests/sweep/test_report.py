@@ -162,7 +162,8 @@ def test_predicted_beside_measured(
 def test_report_imports_no_torch(records: Path, tmp_path: Path) -> None:
     code = (
         "import sys; from scalelab.report import build_report; "
-        f"build_report({str(records)!r}, {str(tmp_path / 'r')!r}, predict=True); "
+        f"build_report({str(records)!r}, {str(tmp_path / 'r')!r}, predict=True, "
+        f"tensorboard={str(tmp_path / 'tb')!r}); "
         "print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -271,10 +272,77 @@ def test_loss_curves_show_each_record(tmp_path: Path) -> None:
     assert result.figures["loss"].stat().st_size > 0
     assert 'src="loss.png"' in (tmp_path / "report" / "index.html").read_text()
     curves = figures.loss_curves(data.observations(data.load(folder)))
+    # One curve per repeat (1 warm-up + 10 measured steps each, the second starting at step 12),
+    # not the repeats joined into one line.
     assert curves == {
-        "llama2-7b fsdp 8 GPUs": [5.5, 5.4, 5.3, 5.2],
-        "llama2-7b fsdp 16 GPUs": [5.5, 5.6, 5.7, 5.8],
+        "llama2-7b fsdp 8 GPUs": [([1, 2], [5.5, 5.4]), ([12, 13], [5.3, 5.2])],
+        "llama2-7b fsdp 16 GPUs": [([1, 2], [5.5, 5.6]), ([12, 13], [5.7, 5.8])],
     }
+
+
+def _per_step_record(name: str, gpus: int) -> Record:
+    """A record as bench writes it: 2 repeats of 2 warm-up and 3 measured steps, each with its
+    loss, grad norm, step time, throughput and memory per step."""
+    record = _record(name, gpus, [3000.0, 2000.0])
+    tokens_per_step = record.workload["tokens_per_step"]
+    record.workload["steps"] = 3
+    for i, rep in enumerate(record.measurements["repeats"]):
+        times = [1.0 + i, 2.0 + i, 3.0 + i]
+        rep.update(
+            window_s=sum(times),
+            step_time_s=times,
+            tokens_per_s=[tokens_per_step / t for t in times],
+            warmup_loss=[9.0 - 5 * i, 8.0 - 5 * i],
+            loss=[7.0 - 5 * i, 6.0 - 5 * i, 5.0 - 5 * i],
+            grad_norm=[0.5, 0.4, 0.3],
+            memory_bytes=[2**30, 2 * 2**30, 3 * 2**30],
+            memory_bytes_kind="cuda_peak_allocated",
+            mfu=0.4,
+        )
+    record.prediction = {"step_time_s": 2.5, "mfu": 0.45, "tokens_per_s": 1e5, "cluster": "h100-ib"}
+    return record
+
+
+def test_tensorboard_files_read_back_with_tensorboards_reader(tmp_path: Path) -> None:
+    """`report --tensorboard DIR`: one run per record and repeat, read back with TensorBoard's
+    own EventAccumulator: every per-step value at its training step, and the record's prediction
+    as a flat line over the measured steps."""
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    folder = tmp_path / "records"
+    write_record(_per_step_record("r8", 8), folder)
+    board = tmp_path / "tb"
+    main(["report", str(folder), "--out", str(tmp_path / "report"), "--tensorboard", str(board)])
+    runs = sorted(str(p.relative_to(board)) for p in board.glob("*/*") if p.is_dir())
+    assert runs == ["r8/predicted", "r8/repeat-1", "r8/repeat-2"]
+
+    def scalars(run: str) -> dict[str, list[tuple[int, float]]]:
+        acc = event_accumulator.EventAccumulator(str(board / run))
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+    first, second = scalars("r8/repeat-1"), scalars("r8/repeat-2")
+    assert set(first) == {
+        "loss", "grad_norm", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+        "mfu_percent", "memory_peak_GiB",
+    }  # fmt: skip
+    assert first["loss"] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 5.0)]
+    assert second["loss"] == [(6, 4.0), (7, 3.0), (8, 2.0), (9, 1.0), (10, 0.0)]
+    assert first["step_time_s"] == [(3, 1.0), (4, 2.0), (5, 3.0)]
+    assert first["memory_peak_GiB"] == [(3, 1.0), (4, 2.0), (5, 3.0)]
+    assert [s for s, _ in second["grad_norm"]] == [8, 9, 10]
+    tokens = 8 * 4096
+    assert [v for _, v in first["tokens_per_s"]] == pytest.approx([tokens / t for t in (1, 2, 3)])
+    assert [v for _, v in first["tokens_per_s_per_gpu"]] == pytest.approx(
+        [tokens / t / 8 for t in (1, 2, 3)]
+    )
+    # MFU per step: the repeat's 40 % over its window (3 steps in 6 s) scaled by each step's speed.
+    assert [v for _, v in first["mfu_percent"]] == pytest.approx([80.0, 40.0, 80.0 / 3])
+    predicted = scalars("r8/predicted")
+    assert predicted["step_time_s"] == [(3, 2.5), (10, 2.5)]
+    assert predicted["mfu_percent"] == [(3, pytest.approx(45.0)), (10, pytest.approx(45.0))]
+    assert not list(board.rglob(".*"))  # no staging folder left behind
 
 
 def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def page(
         caption = next(
             (m.label for m in METRICS if m.key == key),
             {
-                "loss": "training loss per record",
+                "loss": "training loss per record and repeat",
                 "breakdown": "step-time breakdown (profiled steps)",
             }.get(key, "measured vs predicted"),
         )
