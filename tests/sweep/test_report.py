@@ -106,8 +106,8 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
     result = build_report(records, out)
     assert (result.records, result.ok, result.failed, result.configurations) == (5, 4, 1, 3)
     rows = _rows(out / "summary.csv")
-    # 8 GPUs: mean 3100, sample std 100, t(2) = 4.303: 3100 ± 4.303·100/√3.
-    half = 4.303 * 100.0 / math.sqrt(3)
+    # 8 GPUs: mean 3100, sample std 100, t(2) = 4.3027: 3100 ± 4.3027·100/√3.
+    half = 4.3026527 * 100.0 / math.sqrt(3)
     assert float(rows[8]["tokens_per_s_per_gpu.mean"]) == pytest.approx(3100.0)
     assert float(rows[8]["tokens_per_s_per_gpu.ci95_low"]) == pytest.approx(3100.0 - half)
     assert float(rows[8]["tokens_per_s_per_gpu.ci95_high"]) == pytest.approx(3100.0 + half)
