@@ -340,7 +340,7 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
                 df.to_parquet(tmp, index=False)
             except ImportError:
                 raise InputError(
-                    "export", "Parquet needs pyarrow: pip install 'scalelab[measure]'"
+                    "export", "Parquet needs pyarrow: pip install 'scalelab[report]'"
                 ) from None
         else:
             df.to_csv(tmp, index=False)

@@ -355,3 +355,22 @@ def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> No
     assert breakdown[("llama2-7b", "fsdp", 32)]["other"] == pytest.approx(0.35)
     result = build_report(records, tmp_path / "report")
     assert result.figures["breakdown"].stat().st_size > 0
+
+
+def test_tensorboard_without_the_report_extra_is_one_line(
+    records: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No tensorboard installed: one line naming the extra, before any work, no traceback."""
+    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(records), "--out", str(tmp_path / "r"), "--tensorboard", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "scalelab: error: tensorboard: writing TensorBoard files needs tensorboard: "
+        "pip install 'scalelab[report]'"
+    ]
+    assert not (tmp_path / "r").exists()

@@ -312,7 +312,7 @@ class SlurmExecutor:
             import submitit  # noqa: F401
         except ImportError:
             raise InputError(
-                "executor", "--executor slurm needs submitit: pip install 'scalelab[measure]'"
+                "executor", "--executor slurm needs submitit: pip install 'scalelab[slurm]'"
             ) from None
         if "%" in str(out.resolve()):
             raise InputError(
