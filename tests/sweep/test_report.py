@@ -374,3 +374,18 @@ def test_tensorboard_without_the_report_extra_is_one_line(
         "pip install 'scalelab[report]'"
     ]
     assert not (tmp_path / "r").exists()
+
+
+def test_the_page_escapes_what_records_say(tmp_path: Path) -> None:
+    """A series tag or an error holding markup is text on the page (jinja2 autoescape)."""
+    folder = tmp_path / "records"
+    record = _record("x", 8, [3000.0])
+    record.workload["tags"]["series"] = ["<b>fsdp</b>"]
+    write_record(record, folder)
+    failed = _record("y", 16, [3000.0], status="failed", error="<script>alert(1)</script>")
+    write_record(failed, folder)
+    build_report(folder, tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<td class=\"text\">&lt;b&gt;fsdp&lt;/b&gt;</td>" in page
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<h2>Failed and OOM runs</h2>" in page and 'class="failed">failed</span>' in page

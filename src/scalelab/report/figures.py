@@ -140,7 +140,7 @@ def loss_curves(obs: Sequence[Observation]) -> dict[str, list[tuple[list[int], l
 
 def loss_figure(obs: Sequence[Observation], path: Path) -> Path | None:
     """Loss against training step, one line per repeat of each record (the first MAX_CURVES
-    records; a record's repeats share its colour): layouts that train alike lie on one curve,
+    records; a record's repeats share its colour and differ in line style): layouts that train alike lie on one curve,
     and one that does not (wrong gradients) stands out."""
     curves = loss_curves(obs)
     if not curves:
@@ -155,7 +155,7 @@ def loss_figure(obs: Sequence[Observation], path: Path) -> Path | None:
                 losses,
                 marker=".",
                 color=colour,
-                linestyle="-" if number % 2 == 0 else "--",
+                linestyle=("-", "--", ":", "-.")[number % 4],
                 label=f"{label}, repeat {number + 1}" if len(repeats) > 1 else label,
             )
     ax.set_xlabel("training step (warm-up and measured; one line per repeat)")
