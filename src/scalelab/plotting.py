@@ -181,7 +181,16 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
     return atomic_write(path, write)
 
 
+def _cell(value: Any) -> str:
+    """A table cell's text: a `|` escaped (GitHub's tables split on a bare one), one line."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
 def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    """A GitHub-flavoured markdown table; cells may hold `|`."""
+    lines = [
+        "| " + " | ".join(_cell(h) for h in header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)

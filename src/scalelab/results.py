@@ -49,13 +49,6 @@ SCHEMA_VERSION = 2
 RECORD_SUFFIX = ".json"
 Status = Literal["ok", "oom", "failed"]
 
-# t quantiles (0.975) for 1..30 degrees of freedom; 1.96 beyond.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
 
 class Record(BaseModel):
     """One run of any scalelab engine."""
@@ -94,10 +87,13 @@ def record_name(kind: str, label: str, created_utc: str, run_id: str) -> str:
     return f"{stamp}-{kind}-{safe}-{run_id[:8]}"
 
 
-def stats(values: Sequence[float | None]) -> dict[str, float | int | None]:
-    """Mean, sample standard deviation and 95 % confidence interval (Student t) of the mean.
+def stats(values: Sequence[float | None], *, nonnegative: bool = False) -> dict[str, Any]:
+    """Mean, sample standard deviation and 95 % confidence interval (Student t, from scipy) of the
+    mean.
 
-    Missing values are dropped; with one value the spread and interval are null.
+    Missing values are dropped; with one value the spread and interval are null. `nonnegative`:
+    the quantity cannot be below 0 (a time, a throughput), so an interval reaching below 0 (two
+    repeats: t = 12.7) is clipped to 0 and flagged `ci95_clipped`.
     """
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
@@ -106,10 +102,20 @@ def stats(values: Sequence[float | None]) -> dict[str, float | int | None]:
     mean = sum(xs) / n
     if n == 1:
         return {"mean": mean, "std": None, "ci95_low": None, "ci95_high": None, "n": 1}
+    from scipy.stats import t as student_t
+
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
-    half = t * std / math.sqrt(n)
-    return {"mean": mean, "std": std, "ci95_low": mean - half, "ci95_high": mean + half, "n": n}
+    half = float(student_t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    out: dict[str, Any] = {
+        "mean": mean,
+        "std": std,
+        "ci95_low": mean - half,
+        "ci95_high": mean + half,
+        "n": n,
+    }
+    if nonnegative and out["ci95_low"] < 0:
+        out.update(ci95_low=0.0, ci95_clipped=True)
+    return out
 
 
 def _clean(value: Any) -> Any:
@@ -335,7 +341,7 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
                 df.to_parquet(tmp, index=False)
             except ImportError:
                 raise InputError(
-                    "export", "Parquet needs pyarrow: pip install 'scalelab[measure]'"
+                    "export", "Parquet needs pyarrow: pip install 'scalelab[report]'"
                 ) from None
         else:
             from scalelab.io import csv_safe_cell
@@ -352,6 +358,8 @@ def export(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def summarise(per_repeat: Iterable[dict[str, Any]], metrics: Sequence[str]) -> dict[str, Any]:
-    """Statistics across repeats for each metric (each repeat gives one value per metric)."""
+    """Statistics across repeats for each metric (each repeat gives one value per metric). Every
+    metric a bench repeat measures (times, throughputs, MFU, memory, energy, loss) is
+    non-negative: an interval is clipped at 0 (`stats(nonnegative=True)`)."""
     repeats = list(per_repeat)
-    return {m: stats([r.get(m) for r in repeats]) for m in metrics}
+    return {m: stats([r.get(m) for r in repeats], nonnegative=True) for m in metrics}

@@ -13,6 +13,8 @@ built, checked and predicted with numpy arrays, so it takes about a second for t
 from __future__ import annotations
 
 import itertools
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -653,3 +655,19 @@ def search(
         seconds=time.perf_counter() - start,
         extra=extra,
     )
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: `scalelab.search(...)` is `scalelab.api.search(...)`.
+
+    `scalelab.search` is both this module (the ranking's code, imported by the CLI and the
+    studies) and the documented Python API call; an attribute of the package cannot be both
+    unless the module itself can be called."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from scalelab.api import search as api_search
+
+        return api_search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -51,6 +51,11 @@ BAD_FLAGS = [
     (["--collectives", "broadcast"], "collectives:"),
     (["--sizes", "lots"], "sizes:"),
     (["--iters", "0"], "iters:"),
+    (["--sizes", "1K", "-b", "8"], "sizes:"),
+    (["-b", "1M", "-e", "8"], "maxbytes:"),
+    (["-b", "8", "-e", "1M", "-f", "1"], "stepfactor:"),
+    (["-b", "1", "-e", "1G", "-i", "1"], "sizes:"),
+    (["--check", "-1"], "check:"),
 ]
 
 

@@ -278,6 +278,8 @@ def test_two_process_fsdp_record(
 ) -> None:
     done, out = fsdp_run
     assert done.returncode == 0, done.stderr[-3000:]
+    # Kineto's own lines ("STAGE:...", "USDT:... profiler_start") stay off stderr (--profile).
+    assert "USDT:" not in done.stderr and "STAGE:" not in done.stderr, done.stderr[-2000:]
     path = _only_record(out)
     printed = json.loads(done.stdout)
     assert printed["name"] == path.stem

@@ -23,6 +23,7 @@ from scalelab.results import (
     load_records,
     record_name,
     stats,
+    summarise,
     write_record,
 )
 
@@ -47,12 +48,35 @@ def test_stats_by_hand() -> None:
     s = stats([1.0, 2.0, 3.0])
     assert s["mean"] == 2.0 and s["n"] == 3
     assert s["std"] == pytest.approx(1.0)
-    half = 4.303 * 1.0 / math.sqrt(3)  # t(0.975, 2 dof)
+    half = 4.3026527 * 1.0 / math.sqrt(3)  # t(0.975, 2 dof), from tables
     assert s["ci95_low"] == pytest.approx(2.0 - half)
     assert s["ci95_high"] == pytest.approx(2.0 + half)
     one = stats([5.0, None])
     assert one == {"mean": 5.0, "std": None, "ci95_low": None, "ci95_high": None, "n": 1}
     assert stats([])["mean"] is None
+
+
+@pytest.mark.parametrize(("n", "t975"), [(32, 2.0395), (61, 2.0003), (121, 1.9799)])
+def test_stats_use_the_student_t_beyond_30_degrees_of_freedom(n: int, t975: float) -> None:
+    """The t quantile at 31-120 degrees of freedom is not the normal's 1.96 (the old table's
+    fallback): 2.040 at 31, 2.000 at 60, 1.980 at 120 (scipy.stats.t.ppf)."""
+    values = [float(i % 2) for i in range(n)]
+    s = stats(values)
+    half = (s["ci95_high"] - s["ci95_low"]) / 2
+    assert half == pytest.approx(t975 * s["std"] / math.sqrt(n), rel=1e-4)
+
+
+def test_a_nonnegative_quantity_never_gets_a_negative_lower_bound() -> None:
+    """Two repeats of a step time (t = 12.7): the interval is clipped at 0 and flagged."""
+    assert stats([0.1, 0.3])["ci95_low"] < 0
+    clipped = stats([0.1, 0.3], nonnegative=True)
+    assert clipped["ci95_low"] == 0.0 and clipped["ci95_clipped"] is True
+    assert (
+        summarise([{"step_time_s": 0.1}, {"step_time_s": 0.3}], ["step_time_s"])["step_time_s"][
+            "ci95_low"
+        ]
+        == 0.0
+    )
 
 
 def test_write_and_load_roundtrip(tmp_path: Path) -> None:

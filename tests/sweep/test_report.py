@@ -106,8 +106,8 @@ def test_intervals_pool_repeats_and_figures_load(records: Path, tmp_path: Path) 
     result = build_report(records, out)
     assert (result.records, result.ok, result.failed, result.configurations) == (5, 4, 1, 3)
     rows = _rows(out / "summary.csv")
-    # 8 GPUs: mean 3100, sample std 100, t(2) = 4.303: 3100 ± 4.303·100/√3.
-    half = 4.303 * 100.0 / math.sqrt(3)
+    # 8 GPUs: mean 3100, sample std 100, t(2) = 4.3027: 3100 ± 4.3027·100/√3.
+    half = 4.3026527 * 100.0 / math.sqrt(3)
     assert float(rows[8]["tokens_per_s_per_gpu.mean"]) == pytest.approx(3100.0)
     assert float(rows[8]["tokens_per_s_per_gpu.ci95_low"]) == pytest.approx(3100.0 - half)
     assert float(rows[8]["tokens_per_s_per_gpu.ci95_high"]) == pytest.approx(3100.0 + half)
@@ -162,7 +162,8 @@ def test_predicted_beside_measured(
 def test_report_imports_no_torch(records: Path, tmp_path: Path) -> None:
     code = (
         "import sys; from scalelab.report import build_report; "
-        f"build_report({str(records)!r}, {str(tmp_path / 'r')!r}, predict=True); "
+        f"build_report({str(records)!r}, {str(tmp_path / 'r')!r}, predict=True, "
+        f"tensorboard={str(tmp_path / 'tb')!r}); "
         "print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -271,10 +272,77 @@ def test_loss_curves_show_each_record(tmp_path: Path) -> None:
     assert result.figures["loss"].stat().st_size > 0
     assert 'src="loss.png"' in (tmp_path / "report" / "index.html").read_text()
     curves = figures.loss_curves(data.observations(data.load(folder)))
+    # One curve per repeat (1 warm-up + 10 measured steps each, the second starting at step 12),
+    # not the repeats joined into one line.
     assert curves == {
-        "llama2-7b fsdp 8 GPUs": [5.5, 5.4, 5.3, 5.2],
-        "llama2-7b fsdp 16 GPUs": [5.5, 5.6, 5.7, 5.8],
+        "llama2-7b fsdp 8 GPUs": [([1, 2], [5.5, 5.4]), ([12, 13], [5.3, 5.2])],
+        "llama2-7b fsdp 16 GPUs": [([1, 2], [5.5, 5.6]), ([12, 13], [5.7, 5.8])],
     }
+
+
+def _per_step_record(name: str, gpus: int) -> Record:
+    """A record as bench writes it: 2 repeats of 2 warm-up and 3 measured steps, each with its
+    loss, grad norm, step time, throughput and memory per step."""
+    record = _record(name, gpus, [3000.0, 2000.0])
+    tokens_per_step = record.workload["tokens_per_step"]
+    record.workload["steps"] = 3
+    for i, rep in enumerate(record.measurements["repeats"]):
+        times = [1.0 + i, 2.0 + i, 3.0 + i]
+        rep.update(
+            window_s=sum(times),
+            step_time_s=times,
+            tokens_per_s=[tokens_per_step / t for t in times],
+            warmup_loss=[9.0 - 5 * i, 8.0 - 5 * i],
+            loss=[7.0 - 5 * i, 6.0 - 5 * i, 5.0 - 5 * i],
+            grad_norm=[0.5, 0.4, 0.3],
+            memory_bytes=[2**30, 2 * 2**30, 3 * 2**30],
+            memory_bytes_kind="cuda_peak_allocated",
+            mfu=0.4,
+        )
+    record.prediction = {"step_time_s": 2.5, "mfu": 0.45, "tokens_per_s": 1e5, "cluster": "h100-ib"}
+    return record
+
+
+def test_tensorboard_files_read_back_with_tensorboards_reader(tmp_path: Path) -> None:
+    """`report --tensorboard DIR`: one run per record and repeat, read back with TensorBoard's
+    own EventAccumulator: every per-step value at its training step, and the record's prediction
+    as a flat line over the measured steps."""
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator"
+    )
+    folder = tmp_path / "records"
+    write_record(_per_step_record("r8", 8), folder)
+    board = tmp_path / "tb"
+    main(["report", str(folder), "--out", str(tmp_path / "report"), "--tensorboard", str(board)])
+    runs = sorted(str(p.relative_to(board)) for p in board.glob("*/*") if p.is_dir())
+    assert runs == ["r8/predicted", "r8/repeat-1", "r8/repeat-2"]
+
+    def scalars(run: str) -> dict[str, list[tuple[int, float]]]:
+        acc = event_accumulator.EventAccumulator(str(board / run))
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+    first, second = scalars("r8/repeat-1"), scalars("r8/repeat-2")
+    assert set(first) == {
+        "loss", "grad_norm", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+        "mfu_percent", "memory_peak_GiB",
+    }  # fmt: skip
+    assert first["loss"] == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 5.0)]
+    assert second["loss"] == [(6, 4.0), (7, 3.0), (8, 2.0), (9, 1.0), (10, 0.0)]
+    assert first["step_time_s"] == [(3, 1.0), (4, 2.0), (5, 3.0)]
+    assert first["memory_peak_GiB"] == [(3, 1.0), (4, 2.0), (5, 3.0)]
+    assert [s for s, _ in second["grad_norm"]] == [8, 9, 10]
+    tokens = 8 * 4096
+    assert [v for _, v in first["tokens_per_s"]] == pytest.approx([tokens / t for t in (1, 2, 3)])
+    assert [v for _, v in first["tokens_per_s_per_gpu"]] == pytest.approx(
+        [tokens / t / 8 for t in (1, 2, 3)]
+    )
+    # MFU per step: the repeat's 40 % over its window (3 steps in 6 s) scaled by each step's speed.
+    assert [v for _, v in first["mfu_percent"]] == pytest.approx([80.0, 40.0, 80.0 / 3])
+    predicted = scalars("r8/predicted")
+    assert predicted["step_time_s"] == [(3, 2.5), (10, 2.5)]
+    assert predicted["mfu_percent"] == [(3, pytest.approx(45.0)), (10, pytest.approx(45.0))]
+    assert not list(board.rglob(".*"))  # no staging folder left behind
 
 
 def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> None:
@@ -287,3 +355,37 @@ def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> No
     assert breakdown[("llama2-7b", "fsdp", 32)]["other"] == pytest.approx(0.35)
     result = build_report(records, tmp_path / "report")
     assert result.figures["breakdown"].stat().st_size > 0
+
+
+def test_tensorboard_without_the_report_extra_is_one_line(
+    records: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No tensorboard installed: one line naming the extra, before any work, no traceback."""
+    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.event_file_writer", None)
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(records), "--out", str(tmp_path / "r"), "--tensorboard", str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "scalelab: error: tensorboard: writing TensorBoard files needs tensorboard: "
+        "pip install 'scalelab[report]'"
+    ]
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_page_escapes_what_records_say(tmp_path: Path) -> None:
+    """A series tag or an error holding markup is text on the page (jinja2 autoescape)."""
+    folder = tmp_path / "records"
+    record = _record("x", 8, [3000.0])
+    record.workload["tags"]["series"] = ["<b>fsdp</b>"]
+    write_record(record, folder)
+    failed = _record("y", 16, [3000.0], status="failed", error="<script>alert(1)</script>")
+    write_record(failed, folder)
+    build_report(folder, tmp_path / "report")
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<td class=\"text\">&lt;b&gt;fsdp&lt;/b&gt;</td>" in page
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<h2>Failed and OOM runs</h2>" in page and 'class="failed">failed</span>' in page

@@ -238,3 +238,8 @@ def test_a_run_that_says_how_its_loss_ran_overrides_the_stacks_loss() -> None:
     assert by_row[40].run.cross_entropy == "fused" and by_row[40].stack.cross_entropy == "fused"
     assert by_row[11].run.cross_entropy is None
     assert by_row[11].stack.cross_entropy == "fp32-upcast"
+
+
+def test_spearman_of_one_adjacent_swap_in_five_is_exactly_0_9() -> None:
+    """scipy gives 0.8999999999999998; a target of "at least 0.9" must read it as met."""
+    assert spearman(np.arange(5.0), np.array([0.0, 1.0, 2.0, 4.0, 3.0])) == 0.9

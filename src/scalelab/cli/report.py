@@ -30,6 +30,18 @@ ClusterOpt = Annotated[
 ]  # fmt: skip
 
 
+TensorBoardOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--tensorboard",
+        help="also write TensorBoard event files into this folder: one run per record and "
+        "repeat (loss, grad norm, step time, tokens/s, MFU, memory per step) and the prediction "
+        "as a flat line where there is one; view with `tensorboard --logdir DIR`",
+        metavar="DIR",
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
     app.command("report")(report)
 
@@ -39,15 +51,17 @@ def report(
     out: OutOpt = None,
     predict: PredictOpt = False,
     cluster: ClusterOpt = None,
+    tensorboard: TensorBoardOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Per-GPU and global throughput, MFU, exposed communication, GPU power and tokens per joule
     against GPU count, with 95 % intervals from the repeats; an HTML page (index.html) showing
-    them, summary.csv, and every record as records.parquet and records.csv."""
+    them, summary.csv, and every record as records.parquet and records.csv; with --tensorboard,
+    TensorBoard runs (one per record and repeat)."""
     from scalelab.report import build_report
 
     only_with("--cluster", cluster is not None, "--predict", predict)
-    result = build_report(directory, out, predict=predict, cluster=cluster)
+    result = build_report(directory, out, predict=predict, cluster=cluster, tensorboard=tensorboard)
     if json_out:
         print_json(result.to_dict())
         return
@@ -58,3 +72,8 @@ def report(
     for note in result.notes:
         console.print(f"[dim]{note}[/]")
     console.print(f"report: {result.html}")
+    if tensorboard is not None:
+        console.print(
+            f"TensorBoard: {len(result.tensorboard_runs)} runs in {tensorboard} "
+            f"(tensorboard --logdir {tensorboard})"
+        )

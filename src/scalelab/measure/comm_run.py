@@ -16,20 +16,32 @@ def measure_comm(job: CommJob, info: Any, identity: RunIdentity) -> Record:
     from scalelab.measure.comm_bench import sweep
     from scalelab.measure.env import environment, local_facts
 
-    rows = sweep(job.collectives, job.sizes_bytes, job.iters, job.warmup, info.device)
+    rows = sweep(
+        job.collectives, job.sizes_bytes, job.iters, job.warmup, info.device, job.check_iters
+    )
     device_name = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "cpu"
     facts: list[Any] = [None] * info.world_size
     dist.all_gather_object(facts, local_facts(device_name))
-    record = base_record(job, identity, "ok")
+    summary = comm_summary(rows, job.collectives)
+    wrong = summary["out_of_bounds_values"]
+    # nccl-tests exits non-zero when a check found wrong elements: so does the record.
+    record = base_record(
+        job,
+        identity,
+        "failed" if wrong else "ok",
+        f"result check: {wrong} wrong elements (see the rows' wrong)" if wrong else None,
+    )
     record.workload = comm_workload(
         job,
         info.world_size,
         nproc_per_node=info.local_world_size,
         backend=info.backend,
         dtype="float32",
-        definitions="nccl-tests (out-of-place, median over iterations of the slowest rank)",
+        check_iters=job.check_iters,
+        definitions="nccl-tests (out-of-place at the row's top level, in-place under in_place; "
+        "median over iterations of the slowest rank)",
     )
     record.environment = environment(facts, info.backend, info.world_size)
     record.measurements = {"rows": rows}
-    record.summary = comm_summary(rows, job.collectives)
+    record.summary = summary
     return record

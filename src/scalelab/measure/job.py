@@ -92,6 +92,9 @@ class CommJob(BaseModel):
     sizes_bytes: list[int] = Field(min_length=1)
     iters: int = Field(20, gt=0)
     warmup: int = Field(5, ge=0)
+    check_iters: int = Field(
+        1, ge=0, description="result checks per size and mode (nccl-tests' -c); 0: none"
+    )
     timeout_s: float = Field(300.0, gt=0)
     cluster: str | None = Field(None, description="cluster name to record (for calibrate)")
     nproc_per_node: int = Field(2, gt=0)

@@ -42,11 +42,14 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
     OMP_NUM_THREADS=1 (one thread per rank; torchrun sets it too, a plain subprocess does not),
     GLOO_SOCKET_IFNAME=lo on Linux (gloo stays on loopback on one machine unless the user chose
-    an interface), and this scalelab first on PYTHONPATH. Variables already set are kept.
+    an interface), KINETO_LOG_LEVEL=6 (the profiler's own lines off), and this scalelab first on
+    PYTHONPATH. Variables already set are kept.
     """
     env = dict(os.environ)
     env.update(extra or {})
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Kineto's own log lines off (set before torch loads; see train.KINETO_QUIET_LEVEL).
+    env.setdefault("KINETO_LOG_LEVEL", "6")
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     src = scalelab_src()

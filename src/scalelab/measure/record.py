@@ -274,7 +274,18 @@ def add_trace_report(record: Record, report: dict[str, Any] | None, paths: list[
 
 
 def comm_summary(rows: list[dict[str, Any]], collectives: list[str]) -> dict[str, Any]:
+    """Per collective: its best and largest-size bus bandwidth (out-of-place); and nccl-tests'
+    footer: `out_of_bounds_values` (wrong elements over all checked rows and modes) and
+    `avg_busbw_GBps` (the mean bus bandwidth of every out-of-place and in-place line)."""
     summary: dict[str, Any] = {}
+    busbw = [r["busbw_GBps"] for r in rows] + [
+        r["in_place"]["busbw_GBps"] for r in rows if isinstance(r.get("in_place"), dict)
+    ]
+    wrong = [r.get("wrong") for r in rows] + [
+        r["in_place"].get("wrong") for r in rows if isinstance(r.get("in_place"), dict)
+    ]
+    summary["out_of_bounds_values"] = sum(int(w) for w in wrong if w)
+    summary["avg_busbw_GBps"] = sum(busbw) / len(busbw) if busbw else None
     for c in collectives:
         mine = [r for r in rows if r["collective"] == c]
         if mine:

@@ -695,8 +695,17 @@ def expert_load_imbalance(spec: ModelSpec, per_step: list[torch.Tensor]) -> list
     return [float(v) for v in ratio.mean(dim=-1).tolist()]
 
 
+# Kineto's least severe level that prints nothing: its logger prints lines at or above
+# KINETO_LOG_LEVEL, and its levels are VERBOSE 0, INFO 1, WARNING 2, STAGE 3, ERROR 4, USDT 5
+# (pytorch/kineto libkineto/src/Logger.h; USDT "profiler_start/stop" since kineto PR #1325), so 6
+# silences the "STAGE:..." and "USDT:... profiler_start" lines every rank wrote to stderr. A
+# KINETO_LOG_LEVEL the user set is kept.
+KINETO_QUIET_LEVEL = "6"
+
+
 def profile_window(trainer: Trainer, first_step: int, trace_dir: Path) -> Path:
     """One warm-up and `profile_steps` active profiled steps; one Kineto trace per rank."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET_LEVEL)  # read when profiling starts
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU]

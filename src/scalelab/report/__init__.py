@@ -26,6 +26,7 @@ class ReportResult:
     tables: list[Path]
     exports: list[Path]
     notes: list[str] = field(default_factory=list)
+    tensorboard_runs: list[Path] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +40,7 @@ class ReportResult:
             "tables": [str(p) for p in self.tables],
             "exports": [str(p) for p in self.exports],
             "notes": self.notes,
+            "tensorboard_runs": [str(p) for p in self.tensorboard_runs],
         }
 
 
@@ -48,8 +50,10 @@ def build_report(
     *,
     predict: bool = False,
     cluster: str | None = None,
+    tensorboard: str | Path | None = None,
 ) -> ReportResult:
-    """Load every bench record under `records_dir` and write the report into `out`."""
+    """Load every bench record under `records_dir` and write the report into `out`; with
+    `tensorboard`, also TensorBoard event files there (one run per record and repeat)."""
     import pandas as pd
 
     from scalelab.config.catalog import load_cluster
@@ -61,9 +65,18 @@ def build_report(
     dest = Path(out) if out is not None else src / "report"
     if cluster is not None:
         load_cluster(cluster)  # a bad name is one clear line before any work
+    if tensorboard is not None:
+        from scalelab.report.tensorboard import _writer_class
+
+        _writer_class()  # no writer installed: one clear line before any work
     loaded = data.load(src)
     obs = data.observations(loaded)
     notes = data.add_predictions(obs, cluster) if predict else []
+    tensorboard_runs: list[Path] = []
+    if tensorboard is not None:
+        from scalelab.report.tensorboard import write_tensorboard
+
+        tensorboard_runs = write_tensorboard(obs, tensorboard)
     rows = data.aggregate(obs)
     dest.mkdir(parents=True, exist_ok=True)
 
@@ -109,6 +122,7 @@ def build_report(
         tables=tables,
         exports=exports,
         notes=notes,
+        tensorboard_runs=tensorboard_runs,
     )
 
 

@@ -384,3 +384,85 @@ def unmeasured_reasons(obs: Sequence[Observation]) -> dict[str, str]:
             else:
                 reasons[key] = "not measured"
     return reasons
+
+
+@dataclass
+class RepeatSteps:
+    """One repeat of one record, step by step: `steps` are training steps counted from the
+    record's first (warm-up included; training continues across repeats, so repeat 2 starts
+    where repeat 1 ended). Loss covers warm-up and measured steps; the other series the
+    measured steps only (`measured_steps`). A value not recorded is None."""
+
+    repeat: int
+    steps: list[int]
+    loss: list[float | None]
+    measured_steps: list[int]
+    grad_norm: list[float | None]
+    step_time_s: list[float | None]
+    tokens_per_s: list[float | None]
+    mfu: list[float | None]
+    memory_bytes: list[float | None]
+    memory_kind: str | None
+
+
+def _series(value: Any, n: int) -> list[float | None]:
+    """A per-step list of `n` numbers (a missing or short list padded with None)."""
+    xs = value if isinstance(value, list) else []
+    out = [_finite(x) for x in xs[:n]]
+    return out + [None] * (n - len(out))
+
+
+def repeat_steps(record: Record) -> list[RepeatSteps]:
+    """Each repeat of a bench record, step by step (empty for a record without repeats).
+
+    MFU per step is the repeat's MFU (over its measured window) scaled by the step's throughput
+    over the window's: the model FLOPs per token and the peak are the same at every step."""
+    repeats = record.measurements.get("repeats") if record.measurements else None
+    if not isinstance(repeats, list):
+        return []
+    steps_per_repeat = record.workload.get("steps")
+    tokens_per_step = _finite(record.workload.get("tokens_per_step"))
+    out: list[RepeatSteps] = []
+    first = 1
+    for i, rep in enumerate(repeats):
+        if not isinstance(rep, dict):
+            continue
+        warm = max(len(rep.get(k) or []) for k in ("warmup_loss", "warmup_step_time_s"))
+        measured = max(
+            [len(rep.get(k) or []) for k in ("loss", "step_time_s", "grad_norm")]
+            + [int(_finite(steps_per_repeat) or 0) if _is_number(steps_per_repeat) else 0]
+        )
+        measured_steps = list(range(first + warm, first + warm + measured))
+        step_time = _series(rep.get("step_time_s"), measured)
+        tokens = _series(rep.get("tokens_per_s"), measured)
+        if tokens_per_step:
+            tokens = [
+                tokens_per_step / t if tok is None and t else tok
+                for tok, t in zip(tokens, step_time, strict=True)
+            ]
+        window = _finite(rep.get("window_s"))
+        rep_mfu = _finite(rep.get("mfu"))
+        window_tokens = (
+            tokens_per_step * measured / window if tokens_per_step and window and measured else None
+        )
+        mfu = [
+            rep_mfu * tok / window_tokens if rep_mfu is not None and tok and window_tokens else None
+            for tok in tokens
+        ]
+        kind = rep.get("memory_bytes_kind")
+        out.append(
+            RepeatSteps(
+                repeat=int(rep["repeat"]) if _is_number(rep.get("repeat")) else i,
+                steps=list(range(first, first + warm + measured)),
+                loss=_series(rep.get("warmup_loss"), warm) + _series(rep.get("loss"), measured),
+                measured_steps=measured_steps,
+                grad_norm=_series(rep.get("grad_norm"), measured),
+                step_time_s=step_time,
+                tokens_per_s=tokens,
+                mfu=mfu,
+                memory_bytes=_series(rep.get("memory_bytes"), measured),
+                memory_kind=str(kind) if isinstance(kind, str) else None,
+            )
+        )
+        first += warm + measured
+    return out

@@ -7,7 +7,6 @@ colour. A last figure puts measured over predicted throughput per configuration.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -116,45 +115,53 @@ def ratio_figure(rows: Sequence[Row], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
-def loss_curves(obs: Sequence[Observation]) -> dict[str, list[float]]:
-    """Each ok record's training loss at every step it ran (warm-up and measured, repeat after
-    repeat: training continues across repeats), keyed by `model series GPUs`."""
-    curves: dict[str, list[float]] = {}
+def loss_curves(obs: Sequence[Observation]) -> dict[str, list[tuple[list[int], list[float]]]]:
+    """Each ok record's training loss, one curve per repeat: (training steps, losses) at every
+    step the repeat ran (warm-up and measured; training continues across repeats, so a repeat
+    starts where the one before ended), keyed by `model series GPUs`."""
+    from scalelab.report.data import repeat_steps
+
+    curves: dict[str, list[tuple[list[int], list[float]]]] = {}
     for o in obs:
-        repeats = o.record.measurements.get("repeats") if o.record.measurements else None
-        if o.status != "ok" or not isinstance(repeats, list):
+        if o.status != "ok":
             continue
-        losses = [
-            float(v)
-            for rep in repeats
-            if isinstance(rep, dict)
-            for key in ("warmup_loss", "loss")
-            if isinstance(rep.get(key), list)
-            for v in rep[key]
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        ]
-        if losses:
+        per_repeat = []
+        for rep in repeat_steps(o.record):
+            points = [(s, v) for s, v in zip(rep.steps, rep.loss, strict=True) if v is not None]
+            if points:
+                per_repeat.append(([s for s, _ in points], [v for _, v in points]))
+        if per_repeat:
             key = f"{o.model} {' / '.join(o.series)} {o.gpus} GPUs"
             if key in curves:
                 key = f"{key} ({o.path.stem[-8:]})"
-            curves[key] = losses
+            curves[key] = per_repeat
     return curves
 
 
 def loss_figure(obs: Sequence[Observation], path: Path) -> Path | None:
-    """Loss against step, one line per record (the first MAX_CURVES): layouts that train alike
-    lie on one curve, and one that does not (wrong gradients) stands out."""
+    """Loss against training step, one line per repeat of each record (the first MAX_CURVES
+    records; a record's repeats share its colour and differ in line style): layouts that train alike lie on one curve,
+    and one that does not (wrong gradients) stands out."""
     curves = loss_curves(obs)
     if not curves:
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, losses in sorted(curves.items())[:MAX_CURVES]:
-        ax.plot(range(1, len(losses) + 1), losses, marker=".", label=label)
-    ax.set_xlabel("training step (warm-up and measured, all repeats)")
+    for index, (label, repeats) in enumerate(sorted(curves.items())[:MAX_CURVES]):
+        colour = f"C{index % 10}"
+        for number, (steps, losses) in enumerate(repeats):
+            ax.plot(
+                steps,
+                losses,
+                marker=".",
+                color=colour,
+                linestyle=("-", "--", ":", "-.")[number % 4],
+                label=f"{label}, repeat {number + 1}" if len(repeats) > 1 else label,
+            )
+    ax.set_xlabel("training step (warm-up and measured; one line per repeat)")
     ax.set_ylabel("loss")
     shown = min(len(curves), MAX_CURVES)
-    ax.set_title(f"training loss per record ({shown} of {len(curves)})", fontsize=10)
+    ax.set_title(f"training loss per record and repeat ({shown} of {len(curves)})", fontsize=10)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
 

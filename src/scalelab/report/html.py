@@ -1,6 +1,8 @@
 """The report's HTML page: the figures (relative paths, beside the page) and the tables.
 
-The page is static and self-contained but for its PNGs. A small script marks, once the page has
+The page is a jinja2 template (autoescaped: a record's name, series or error is text, never
+markup); this module turns the rows into the template's cells. It is static and self-contained
+but for its PNGs. A small script marks, once the page has
 loaded, how many figures loaded (`data-figures-loaded` / `data-figures-broken` on <body>) and
 flags a broken one in red, so a missing figure is visible to a reader and checkable by a test.
 """
@@ -8,7 +10,7 @@ flags a broken one in red, so a missing figure is visible to a reader and checka
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,59 @@ window.addEventListener('load', function () {
 """
 
 
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}</title><style>{{ style }}</style>
+<script>{{ script }}</script></head><body>
+<h1>{{ title }}</h1>
+<p>{{ records }} records from <code>{{ source }}</code>: {{ ok }} ok, {{ records - ok }} failed or \
+OOM. Each point is the mean over every repeat of every record of a configuration (model, series, \
+GPUs); error bars and brackets are its 95 % confidence interval (Student t), absent with a single \
+repeat and clipped at 0 (every metric is non-negative; with 2 repeats t = 12.7, so such intervals \
+are wide).{% if predicted %} Dashed lines are the predictor's numbers for the same layouts.\
+{% endif %}</p>
+{% if predicted %}{% if prediction_clusters %}<p class="prediction-cluster">Predicted for cluster \
+{% for name, devices in prediction_clusters.items() %}<b>{{ name }}</b> (records measured on: \
+{{ devices | join(', ') }}){% if not loop.last %}; {% endif %}{% endfor %}.</p>
+{% else %}<p class="prediction-cluster">No record was predicted (see the notes).</p>
+{% endif %}{% endif %}<h2>Figures</h2>
+{% for fig in figures %}<figure><img class="figure" src="{{ fig.src }}" alt="{{ fig.caption }}">\
+<figcaption>{{ fig.caption }}</figcaption></figure>
+{% endfor %}{% if unmeasured %}<p class="note">Not measured in these records:</p><ul class="note">\
+{% for label, why in unmeasured %}<li>{{ label }}: {{ why }}</li>{% endfor %}</ul>
+{% endif %}<h2>Summary</h2>
+<table><tr>{% for h in summary.head %}<th class="text">{{ h }}</th>{% endfor %}\
+{% for h in summary.metric_head %}<th>{{ h.label }}<br>{{ h.second }}</th>{% endfor %}</tr>\
+{% for row in summary.rows %}<tr>{% for c in row %}\
+<td{% if c.text %} class="text"{% endif %}>{{ c.value }}</td>{% endfor %}</tr>{% endfor %}</table>
+<h2>Failed and OOM runs</h2>
+{% if failures %}<table><tr>{% for h in ("record", "model", "series", "GPUs", "status", "error") %}\
+<th class="text">{{ h }}</th>{% endfor %}</tr>{% for f in failures %}<tr>\
+<td class="text">{{ f.record }}</td><td class="text">{{ f.model }}</td>\
+<td class="text">{{ f.series }}</td><td>{{ f.gpus }}</td>\
+<td class="text"><span class="failed">{{ f.status }}</span></td>\
+<td class="text">{{ f.error }}</td></tr>{% endfor %}</table>
+{% else %}<p>Every record has status ok.</p>
+{% endif %}{% if notes %}<h2>Notes</h2><ul class="note">\
+{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul>
+{% endif %}<h2>Data</h2><p>{% for link in exports %}<a href="{{ link.href }}">{{ link.name }}</a>\
+{% if not loop.last %} · {% endif %}{% endfor %}</p>
+</body></html>
+"""
+
+_CAPTIONS = {
+    "loss": "training loss per record and repeat",
+    "breakdown": "step-time breakdown (profiled steps)",
+}
+
+
+@cache
+def _template() -> Any:
+    from jinja2 import Environment, StrictUndefined
+
+    return Environment(autoescape=True, undefined=StrictUndefined).from_string(_PAGE)
+
+
 def _fmt(value: Any, metric: Metric | None = None) -> str:
     if value is None:
         return "–"
@@ -53,30 +108,26 @@ def _fmt(value: Any, metric: Metric | None = None) -> str:
         if abs(v) >= 1:
             return f"{v:.2f}"
         return f"{v:.3g}"
-    return escape(str(value))
+    return str(value)
 
 
-def _cell(text: str, cls: str = "") -> str:
-    return f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>"
-
-
-def summary_table(rows: Sequence[Row], predicted: bool) -> str:
-    head = ["model", "series", "GPUs", "nodes", "layouts", "records"]
+def summary_table(rows: Sequence[Row], predicted: bool) -> dict[str, Any]:
+    """The summary table's headings and cells (text; the template escapes them)."""
     metrics = [m for m in METRICS if any(r.measured[m.key].get("mean") is not None for r in rows)]
-    cols = "".join(f'<th class="text">{h}</th>' for h in head)
+    metric_head = []
     for m in metrics:
-        cols += f"<th>{escape(m.label)} ({escape(m.unit)})<br>mean [95 % CI] (n)</th>"
+        metric_head.append({"label": f"{m.label} ({m.unit})", "second": "mean [95 % CI] (n)"})
         if predicted:
-            cols += f"<th>{escape(m.label)}<br>predicted</th>"
+            metric_head.append({"label": m.label, "second": "predicted"})
     body = []
     for r in rows:
         cells = [
-            _cell(escape(r.model), "text"),
-            _cell(escape(r.series), "text"),
-            _cell(str(r.gpus)),
-            _cell(_fmt(r.nodes)),
-            _cell(escape(" ".join(r.layouts)), "text"),
-            _cell(str(r.records)),
+            {"value": r.model, "text": True},
+            {"value": r.series, "text": True},
+            {"value": str(r.gpus), "text": False},
+            {"value": _fmt(r.nodes), "text": False},
+            {"value": " ".join(r.layouts), "text": True},
+            {"value": str(r.records), "text": False},
         ]
         for m in metrics:
             st = r.measured[m.key]
@@ -85,45 +136,33 @@ def summary_table(rows: Sequence[Row], predicted: bool) -> str:
                 if st.get("ci95_low") is not None
                 else ""
             )
-            cells.append(_cell(f"{_fmt(st.get('mean'), m)}{ci} ({st.get('n', 0)})"))
+            cells.append(
+                {"value": f"{_fmt(st.get('mean'), m)}{ci} ({st.get('n', 0)})", "text": False}
+            )
             if predicted:
-                cells.append(_cell(_fmt(r.predicted.get(m.key), m)))
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{cols}</tr>{''.join(body)}</table>"
+                cells.append({"value": _fmt(r.predicted.get(m.key), m), "text": False})
+        body.append(cells)
+    return {
+        "head": ["model", "series", "GPUs", "nodes", "layouts", "records"],
+        "metric_head": metric_head,
+        "rows": body,
+    }
 
 
-def failures_table(obs: Sequence[Observation]) -> str:
-    bad = [o for o in obs if o.status != "ok"]
-    if not bad:
-        return "<p>Every record has status ok.</p>"
-    rows = "".join(
-        "<tr>"
-        + _cell(escape(o.path.name), "text")
-        + _cell(escape(o.model), "text")
-        + _cell(escape(" ".join(o.series)), "text")
-        + _cell(str(o.gpus))
-        + _cell(f'<span class="failed">{escape(o.status)}</span>', "text")
-        + _cell(escape((o.record.error or "")[:300]), "text")
-        + "</tr>"
-        for o in bad
-    )
-    head = "".join(
-        f'<th class="text">{h}</th>'
-        for h in ("record", "model", "series", "GPUs", "status", "error")
-    )
-    return f"<table><tr>{head}</tr>{rows}</table>"
-
-
-def _prediction_line(clusters: dict[str, list[str]]) -> list[str]:
-    """Which cluster the predictions are for, and what the records ran on (CPU records predicted
-    for a GPU cluster compare in shape only)."""
-    if not clusters:
-        return ['<p class="prediction-cluster">No record was predicted (see the notes).</p>']
-    items = "; ".join(
-        f"<b>{escape(name)}</b> (records measured on: {escape(', '.join(devices))})"
-        for name, devices in clusters.items()
-    )
-    return [f'<p class="prediction-cluster">Predicted for cluster {items}.</p>']
+def failures(obs: Sequence[Observation]) -> list[dict[str, Any]]:
+    """The records that did not end ok, with their error (first 300 characters)."""
+    return [
+        {
+            "record": o.path.name,
+            "model": o.model,
+            "series": " ".join(o.series),
+            "gpus": o.gpus,
+            "status": o.status,
+            "error": (o.record.error or "")[:300],
+        }
+        for o in obs
+        if o.status != "ok"
+    ]
 
 
 def page(
@@ -140,52 +179,33 @@ def page(
     exports: Sequence[Path],
     prediction_clusters: dict[str, list[str]] | None = None,
 ) -> str:
-    ok = sum(1 for o in obs if o.status == "ok")
-    parts = [
-        "<!doctype html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(title)}</title><style>{_STYLE}</style>",
-        f"<script>{_SCRIPT}</script></head><body>",
-        f"<h1>{escape(title)}</h1>",
-        f"<p>{len(obs)} records from <code>{escape(source)}</code>: {ok} ok, "
-        f"{len(obs) - ok} failed or OOM. Each point is the mean over every repeat of every "
-        "record of a configuration (model, series, GPUs); error bars and brackets are its 95 % "
-        "confidence interval (Student t), absent with a single repeat and clipped at 0 (every "
-        "metric is non-negative; with 2 repeats t = 12.7, so such intervals are wide)."
-        + (" Dashed lines are the predictor's numbers for the same layouts." if predicted else "")
-        + "</p>",
-        *(_prediction_line(prediction_clusters or {}) if predicted else []),
-        "<h2>Figures</h2>",
-    ]
-    for key, path in figures.items():
-        rel = path.relative_to(out).as_posix()
-        caption = next(
-            (m.label for m in METRICS if m.key == key),
-            {
-                "loss": "training loss per record",
-                "breakdown": "step-time breakdown (profiled steps)",
-            }.get(key, "measured vs predicted"),
+    """The page: the figures, the summary, the failed runs, notes and the data files; a note says
+    which cluster predictions are for (CPU records predicted for a GPU cluster compare in shape
+    only)."""
+    from markupsafe import Markup
+
+    labels = {m.key: m.label for m in METRICS}
+    return str(
+        _template().render(
+            title=title,
+            style=Markup(_STYLE),
+            script=Markup(_SCRIPT),
+            records=len(obs),
+            ok=sum(1 for o in obs if o.status == "ok"),
+            source=source,
+            predicted=predicted,
+            prediction_clusters=prediction_clusters or {},
+            figures=[
+                {
+                    "src": path.relative_to(out).as_posix(),
+                    "caption": labels.get(key) or _CAPTIONS.get(key, "measured vs predicted"),
+                }
+                for key, path in figures.items()
+            ],
+            unmeasured=[(labels[k], v) for k, v in unmeasured.items()],
+            summary=summary_table(rows, predicted),
+            failures=failures(obs),
+            notes=list(notes),
+            exports=[{"href": p.relative_to(out).as_posix(), "name": p.name} for p in exports],
         )
-        parts.append(
-            f'<figure><img class="figure" src="{escape(rel)}" alt="{escape(caption)}">'
-            f"<figcaption>{escape(caption)}</figcaption></figure>"
-        )
-    if unmeasured:
-        items = "".join(
-            f"<li>{escape(next(m.label for m in METRICS if m.key == k))}: {escape(v)}</li>"
-            for k, v in unmeasured.items()
-        )
-        parts.append(
-            f'<p class="note">Not measured in these records:</p><ul class="note">{items}</ul>'
-        )
-    parts += ["<h2>Summary</h2>", summary_table(rows, predicted)]
-    parts += ["<h2>Failed and OOM runs</h2>", failures_table(obs)]
-    if notes:
-        items = "".join(f"<li>{escape(n)}</li>" for n in notes)
-        parts.append(f'<h2>Notes</h2><ul class="note">{items}</ul>')
-    links = " · ".join(
-        f'<a href="{escape(p.relative_to(out).as_posix())}">{escape(p.name)}</a>' for p in exports
     )
-    parts.append(f"<h2>Data</h2><p>{links}</p>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)

@@ -1,17 +1,21 @@
-"""A study's report as one self-contained HTML page (`report.html` beside `report.md`).
+r"""A study's report as one self-contained HTML page (`report.html` beside `report.md`).
 
-The page is made from the same sections as report.md (a small subset of markdown: headings, images,
-tables, bullets, bold, code), with every figure embedded as a data: URI, so it opens offline and can
-be mailed as one file. A small script marks, once the page has loaded, how many figures loaded
-(`data-figures-loaded` / `data-figures-broken` on <body>), so a test can check it in a browser.
+The page is report.md's sections rendered by markdown-it-py (CommonMark with GitHub's tables:
+links work, `\|` in a cell stays in the cell; raw HTML in the markdown is escaped, not passed
+through) into a jinja2 template (autoescaped), with every figure embedded as a data: URI, so it
+opens offline and can be mailed as one file. A small script marks, once the page has loaded, how
+many figures loaded (`data-figures-loaded` / `data-figures-broken` on <body>), so a test can
+check it in a browser.
 """
 
 from __future__ import annotations
 
 import base64
-import re
+from collections.abc import Sequence
+from functools import cache
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from scalelab.io import atomic_write_text
 
@@ -42,18 +46,17 @@ window.addEventListener('load', function () {
 });
 """
 
-_IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)]+)\)$")
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}</title><style>{{ style }}</style><script>{{ script }}</script></head>
+<body><h1>{{ title }}</h1>
+{% for section in sections %}{{ section }}
+{% endfor %}</body></html>
+"""
 
 
-def _inline(text: str) -> str:
-    """Escape, then **bold**, *italic* and `code`."""
-    out = escape(text)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-    return re.sub(r"(?<![*\w])\*([^*]+)\*(?![*\w])", r"<em>\1</em>", out)
-
-
-def _image(folder: Path, alt: str, name: str) -> str:
+def _figure(folder: Path, alt: str, name: str) -> str:
+    """An image of the report as a figure: the PNG embedded (a data: URI) when it is a file."""
     path = folder / name
     src = (
         "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
@@ -66,63 +69,50 @@ def _image(folder: Path, alt: str, name: str) -> str:
     )
 
 
-def _table(lines: list[str]) -> str:
-    def cells(line: str) -> list[str]:
-        return [c.strip() for c in line.strip().strip("|").split("|")]
+@cache
+def _parser() -> Any:
+    """CommonMark plus GitHub tables; raw HTML off (the markdown's `<` is text)."""
+    from markdown_it import MarkdownIt
 
-    head = "".join(f"<th>{_inline(c)}</th>" for c in cells(lines[0]))
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in cells(line)) + "</tr>"
-        for line in lines[2:]
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 def markdown_to_html(text: str, folder: Path) -> str:
-    """The markdown this package writes (not general markdown) as HTML."""
-    html: list[str] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        line = lines[i].rstrip()
-        if not line:
-            i += 1
-        elif line.startswith("#"):
-            level = min(len(line) - len(line.lstrip("#")), 4)
-            html.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
-            i += 1
-        elif m := _IMAGE.match(line):
-            html.append(_image(folder, m.group(1), m.group(2)))
-            i += 1
-        elif line.startswith("|"):
-            block = []
-            while i < len(lines) and lines[i].startswith("|"):
-                block.append(lines[i])
-                i += 1
-            html.append(_table(block))
-        elif line.startswith("- "):
-            items = []
-            while i < len(lines) and lines[i].startswith("- "):
-                items.append(f"<li>{_inline(lines[i][2:])}</li>")
-                i += 1
-            html.append("<ul>" + "".join(items) + "</ul>")
-        else:
-            para = []
-            while i < len(lines) and lines[i].strip() and not lines[i].startswith(("#", "|", "- ")):
-                if _IMAGE.match(lines[i].strip()):
-                    break
-                para.append(lines[i].strip())
-                i += 1
-            html.append(f"<p>{_inline(' '.join(para))}</p>")
-    return "\n".join(html)
+    """report.md's markdown as HTML; an image alone in its paragraph becomes a <figure> with the
+    file embedded (a paragraph cannot hold a figure, so that paragraph's tags are dropped)."""
+    md = _parser()
+    tokens = md.parse(text)
+    for i, token in enumerate(tokens):
+        children = token.children or []
+        if token.type == "inline" and len(children) == 1 and children[0].type == "image":
+            tokens[i - 1].hidden = tokens[i + 1].hidden = True  # paragraph_open / _close
+    # The renderer's own rules, with images drawn as figures from `folder`.
+    renderer = md.renderer
+
+    def image(tokens: Sequence[Any], idx: int, options: Any, env: Any) -> str:
+        token = tokens[idx]
+        alt = renderer.renderInlineAsText(token.children or [], options, env)
+        return _figure(folder, alt, str(token.attrGet("src") or ""))
+
+    original = renderer.rules.get("image")
+    renderer.rules["image"] = image
+    try:
+        return str(renderer.render(tokens, md.options, {}))
+    finally:
+        if original is not None:
+            renderer.rules["image"] = original
 
 
 def write_html(out: Path, title: str, sections: list[str]) -> Path:
     """report.html in `out`: the sections, figures embedded; returns its path."""
-    body = "\n".join(markdown_to_html(s, out) for s in sections)
-    page = (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>{_STYLE}</style><script>{_SCRIPT}</script></head>"
-        f"<body><h1>{escape(title)}</h1>\n{body}\n</body></html>\n"
+    from jinja2 import Environment
+    from markupsafe import Markup
+
+    template = Environment(autoescape=True).from_string(_PAGE)
+    page = template.render(
+        title=title,
+        style=Markup(_STYLE),
+        script=Markup(_SCRIPT),
+        sections=[Markup(markdown_to_html(s, out)) for s in sections],
     )
     return atomic_write_text(out / "report.html", page)

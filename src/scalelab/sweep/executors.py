@@ -85,27 +85,27 @@ def _die_with_parent() -> None:
 
 
 def _process_table() -> dict[int, list[int]]:
-    """parent pid -> child pids, from /proc (Linux); empty elsewhere."""
+    """parent pid -> child pids of every process (psutil: Linux, macOS, ...)."""
+    import psutil
+
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if ppid is not None:
+            children.setdefault(int(ppid), []).append(proc.pid)
     return children
 
 
 def _marked(token: str) -> list[int]:
-    """Processes whose environment carries `SCALELAB_RUN_TOKEN=token` (reparented orphans too)."""
-    needle = f"SCALELAB_RUN_TOKEN={token}".encode()
+    """Processes whose environment carries `SCALELAB_RUN_TOKEN=token` (reparented orphans too);
+    a process whose environment cannot be read (another user's) is not ours."""
+    import psutil
+
     found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if needle in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
-        except (OSError, ValueError):
-            continue
+    for proc in psutil.process_iter(["environ"]):
+        environ = proc.info.get("environ")
+        if environ and environ.get("SCALELAB_RUN_TOKEN") == token:
+            found.append(proc.pid)
     return found
 
 
@@ -312,7 +312,7 @@ class SlurmExecutor:
             import submitit  # noqa: F401
         except ImportError:
             raise InputError(
-                "executor", "--executor slurm needs submitit: pip install 'scalelab[measure]'"
+                "executor", "--executor slurm needs submitit: pip install 'scalelab[slurm]'"
             ) from None
         if "%" in str(out.resolve()):
             raise InputError(
