@@ -34,7 +34,8 @@ from torch.nn import functional
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision, Sharding
+from scalelab.config.options import AttentionKernel, Precision, Sharding
+from scalelab.config.pipeline import Stage, stage_count
 from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
@@ -260,13 +261,15 @@ class Trainer:
         self.pp_rank = self.meshes["pp"].get_local_rank()
         self.dp_rank = self.meshes.dp.get_local_rank()
 
-        def build() -> nn.Module:
-            return build_model(spec, layout.seq_len, "meta")
+        def build(stage: Stage) -> nn.Module:
+            return build_model(
+                spec, layout.seq_len, "meta", stage.layers, stage.embedding, stage.head
+            )
 
         if layout.pp > 1:
             stage_modules = pipeline_modules(spec, layout, self.pp_rank, build)
         else:
-            stage_modules = [(0, build())]
+            stage_modules = [(0, build_model(spec, layout.seq_len, "meta"))]
         # Under a pipeline, parameters stay gathered from forward to backward (torchtitan's
         # default: resharding would re-gather them on every micro-batch) and the pipeline stage
         # keeps them gathered until the last micro-batch's backward, so FSDP gathers and reduces
@@ -325,9 +328,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.schedule: Any = None
         if layout.pp > 1:
-            n_stages = layout.pp * (
-                2 if layout.pp_schedule == PipelineSchedule.ZBV else layout.virtual_stages
-            )
+            n_stages = stage_count(layout)
             self.schedule = build_schedule(
                 self.stages, layout, n_stages, device, self.meshes["pp"].get_group(), cross_entropy
             )
