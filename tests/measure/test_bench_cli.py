@@ -193,6 +193,62 @@ def test_bad_layouts_fail_before_torch_is_imported(
     assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err
 
 
+@pytest.mark.parametrize(
+    ("verb", "args", "field"),
+    [
+        ("bench", ["llama-tiny", "--nproc-per-node", "100000"], "nproc-per-node"),
+        ("bench", ["llama-tiny", "--nproc-per-node", "100000", "--oversubscribe"],
+         "nproc-per-node"),
+        ("bench", ["llama-tiny", "--timeout-s", "inf"], "timeout-s"),
+        ("bench", ["llama-tiny", "--timeout-s", "0"], "timeout-s"),
+        ("bench", ["llama-tiny", "--lr", "nan"], "lr"),
+        ("bench", ["llama-tiny", "--grad-clip", "inf"], "grad-clip"),
+        ("bench", ["llama-tiny", "--seed", "-1"], "seed"),
+        ("bench", ["llama-tiny", "--fp8-recipe", "tensorwise"], "fp8-recipe"),
+        # tp 4 over llama-tiny's 2 K/V heads: refused, not a reshape error at run time.
+        ("bench", ["llama-tiny", "--nproc-per-node", "4", "--tp", "4", "--oversubscribe"], "tp"),
+        ("comm", ["--nproc-per-node", "100000"], "nproc-per-node"),
+        ("comm", ["--timeout-s", "0"], "timeout-s"),
+        ("comm", ["--timeout-s", "nan"], "timeout-s"),
+    ],
+)  # fmt: skip
+def test_numeric_bounds_are_refused_at_once(
+    verb: str,
+    args: list[str],
+    field: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Every numeric flag of bench and comm is bounded before launch and before torch's import:
+    with torch unimportable the line names the flag, within a second (issue 29: 100000 ranks
+    forked workers for 47 s; inf and 0 timeouts ended in tracebacks)."""
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        main([verb, *args, "--out", str(tmp_path)])
+    assert time.monotonic() - start < 1.0
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"scalelab: error: {field}:"), err
+    assert not list(tmp_path.iterdir())
+
+
+def test_ranks_are_bounded_by_cores_or_gpus() -> None:
+    from scalelab.errors import InputError
+    from scalelab.measure.config import check_nproc, local_cores
+
+    cores = local_cores()
+    check_nproc(cores, 0, oversubscribe=False)
+    check_nproc(cores + 1, 0, oversubscribe=True)
+    with pytest.raises(InputError, match="--oversubscribe"):
+        check_nproc(cores + 1, 0, oversubscribe=False)
+    check_nproc(8, 8, oversubscribe=False)
+    with pytest.raises(InputError, match="9 processes but 8 GPUs"):
+        check_nproc(9, 8, oversubscribe=True)  # GPUs are never oversubscribed
+
+
 def test_predict_without_predictor_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

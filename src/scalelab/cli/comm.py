@@ -41,6 +41,12 @@ def comm(
         int, typer.Option("--nproc-per-node", help="processes to launch here with torchrun")
     ] = 2,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="collective timeout")] = 300.0,
+    oversubscribe: Annotated[
+        bool,
+        typer.Option(
+            "--oversubscribe", help="on CPU, allow more ranks than cores (up to 8 per core)"
+        ),
+    ] = False,
     cluster: Annotated[
         str | None, typer.Option("--cluster", "-c", help="cluster name to record (for calibrate)")
     ] = None,
@@ -50,7 +56,13 @@ def comm(
     """Measure collective algorithm and bus bandwidth (nccl-tests definitions) and write a record."""
     writable_folder("out", out)  # first: a run whose record cannot be written is lost
     from scalelab.collectives import BENCHMARKED as COLLECTIVES
-    from scalelab.measure.config import parse_sizes, under_torchrun
+    from scalelab.measure.config import (
+        check_nproc,
+        check_timeout,
+        parse_sizes,
+        under_torchrun,
+        visible_gpus,
+    )
 
     # Everything is checked before torch is imported (~3 s): bad input fails at once.
     chosen = [c.strip() for c in collectives.split(",") if c.strip()]
@@ -70,8 +82,10 @@ def comm(
     if warmup < 0:
         raise InputError("warmup", f"must be 0 or more, not {warmup}")
     at_most("warmup", warmup, MAX_COUNT)
+    check_timeout("timeout-s", timeout_s)
     if not under_torchrun():
         positive("nproc-per-node", nproc_per_node)
+        check_nproc(nproc_per_node, visible_gpus(), oversubscribe)
     try:
         import torch  # noqa: F401
     except ImportError:
