@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 2
 RECORD_SUFFIX = ".json"
-Status = Literal["ok", "oom", "failed"]
+Status = Literal["ok", "oom", "failed", "cancelled"]
 
 # t quantiles (0.975) for 1..30 degrees of freedom; 1.96 beyond.
 _T975 = (

@@ -124,8 +124,9 @@ def record_path(out: Path, point: Point) -> Path:
 
 
 def stopped_from_outside(record: Record) -> bool:
-    """A failed record whose only error is that its ranks were terminated (SIGTERM)."""
-    return (
+    """A cancelled record, or a failed one whose only error is that its ranks were terminated
+    (SIGTERM)."""
+    return record.status == "cancelled" or (
         record.status == "failed"
         and record.notes.get("error") == SECONDARY_NOTE
         and _TERMINATED in (record.error or "")
