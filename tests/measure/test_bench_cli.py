@@ -483,7 +483,9 @@ def test_a_hung_rank_is_named_with_its_collective_and_stack(pooled: Pooled) -> N
     step and phase, rank 1 as the one that never arrived, and rank 1's Python stack (issue 29:
     it used to name rank 0, which only noticed the timeout, and no collective)."""
     done, out, seconds = pooled["hang"]
-    assert done.returncode == 1 and seconds < 90
+    # Ends after the timeout, not never: 10 s + up to 5 s for the dumps, plus start-up and
+    # clean-up of 2 ranks beside 2 other pooled runs on 2 shared cores (106 s seen under load).
+    assert done.returncode == 1 and seconds < 180
     record = load_record(_only_record(out))
     error = record.error or ""
     assert record.status == "failed" and error.startswith("stuck in All"), error
