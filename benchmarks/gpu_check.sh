@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The harness's GPU check: one command on one GPU (written for a lent H200), about 5-8 minutes.
+# The harness's GPU check: one command on one GPU (H100 or H200, any catalog GPU), at most
+# BUDGET_S seconds (default 540: a 10-minute command with a minute of margin for start-up).
 #
 # A llama2-7b-shaped model (d_model 4096, 32 heads, d_ff 11008, vocab 32000) with a few layers
 # (default 8), sequence 4096, bf16 autocast, one process: eager, then torch.compile per block.
@@ -24,6 +25,14 @@
 #   SMOKE=1 bash benchmarks/gpu_check.sh     # no GPU: llama-tiny, 2 steps, eager only (tests the
 #                                            # start-up and install path on a CPU machine; the FP8
 #                                            # case too when torchao is there)
+#   INSTALL_ONLY=1 bash benchmarks/gpu_check.sh   # install the wheelhouse and import the bench
+#                                            # command, nothing else (no torch needed: the rehearsal
+#                                            # in gpu_check_install.sh runs it on Python 3.12)
+#
+# The cluster (GPU peak for MFU, the predictor's hardware) is the catalog cluster of the GPU
+# PyTorch reports (`cluster_for_device`: an H100 runs as h100-ib, an H200 as h200-ib); CLUSTER
+# overrides it. Each bench gets at most RUN_S seconds (default 240) and none starts with less
+# than MIN_RUN_S (default 90) of the budget left: it is reported as skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +45,13 @@ STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
 REPEATS=${REPEATS:-3}
 FP8_RECIPES=${FP8_RECIPES:-tensorwise}  # "tensorwise rowwise" for both (about 2 min more)
-CLUSTER=${CLUSTER:-h200-ib}
+CLUSTER=${CLUSTER:-}
+BUDGET_S=${BUDGET_S:-540}
+RUN_S=${RUN_S:-240}
+MIN_RUN_S=${MIN_RUN_S:-90}
+INSTALL_ONLY=${INSTALL_ONLY:-0}
+BEGIN=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - BEGIN) )); }
 OUT=${OUT:-$(mktemp -d /tmp/scalelab-gpu-check.XXXXXX)}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -54,7 +69,11 @@ missing() { local m; for m in "${REQUIRED[@]}"; do have "$m" || printf '%s ' "$m
 stop() { echo "gpu_check: cannot start: $*" >&2; exit 2; }
 
 say "dependencies"
-have torch || stop "PyTorch is not installed for $PY (the check uses the machine's own PyTorch)"
+if [ "$INSTALL_ONLY" = 1 ]; then
+    REQUIRED=(numpy yaml pydantic typer rich)  # the rehearsal's interpreter may lack torch
+else
+    have torch || stop "PyTorch is not installed for $PY (the check uses the machine's own PyTorch)"
+fi
 PYVER=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 if [ -n "$(missing)" ] || ! have pynvml || ! have torchao; then
     if compgen -G "$WHEELHOUSE/*.whl" >/dev/null; then
@@ -89,6 +108,11 @@ MISSING=$(missing)
 "$PY" -c "import scalelab.cli.bench" 2>/dev/null \
     || stop "scalelab's bench command does not import: $("$PY" -c 'import scalelab.cli.bench' 2>&1 | tail -1)"
 have pynvml || echo "nvidia-ml-py unavailable: energy will be null"
+if [ "$INSTALL_ONLY" = 1 ]; then
+    "$PY" -c "import sys, pydantic_core, scalelab.cli.bench, scalelab.measure.config; print('installed for Python', sys.version.split()[0])" \
+        || stop "the installed wheels do not import on Python $PYVER"
+    exit 0
+fi
 if [ "$SMOKE" = 1 ]; then
     "$PY" -c "import torch; print('torch', torch.__version__, '(smoke run, no GPU)')"
 else
@@ -108,7 +132,14 @@ except Exception as exc:
     print("NVML:", exc)
 EOF
     nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv 2>/dev/null || true
+    if [ -z "$CLUSTER" ]; then  # the cluster of the GPU found: an H100 is never priced as an H200
+        GPU_NAME=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0))")
+        CLUSTER=$("$PY" -c "import sys; from scalelab.config.catalog import cluster_for_device as c; print(c(sys.argv[1]) or '')" "$GPU_NAME")
+        [ -n "$CLUSTER" ] || stop "no catalog cluster has the GPU '$GPU_NAME': set CLUSTER to a catalog cluster or a YAML file"
+    fi
 fi
+[ -n "$CLUSTER" ] || CLUSTER=cpu-gloo  # SMOKE=1: this machine's CPU ranks
+echo "cluster: $CLUSTER (budget $BUDGET_S s, $(left) s left)"
 
 MODEL="$OUT/llama2-7b-${LAYERS}l.yaml"
 if [ "$SMOKE" = 1 ]; then
@@ -136,11 +167,18 @@ fi
 
 run() {  # run NAME EXTRA_FLAGS...
     local name=$1; shift
+    local remaining limit
+    remaining=$(left)
     say "bench $name"
-    timeout 300 "$PY" -m scalelab bench "$MODEL" --seq-len "$SEQ" --micro-batch "$MICRO" \
+    if [ "$remaining" -lt "$MIN_RUN_S" ]; then
+        echo "bench $name: skipped ($remaining s of the $BUDGET_S s budget left, need $MIN_RUN_S)"
+        return
+    fi
+    limit=$(( remaining - 20 < RUN_S ? remaining - 20 : RUN_S ))  # 20 s for the summary
+    timeout "$limit" "$PY" -m scalelab bench "$MODEL" --seq-len "$SEQ" --micro-batch "$MICRO" \
         --global-batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --repeats "$REPEATS" \
         --cluster "$CLUSTER" --out "$OUT/$name" "${PREDICT[@]}" "$@" \
-        || echo "bench $name exited with $?"
+        || echo "bench $name exited with $? (124: stopped at its $limit s limit)"
 }
 START=$(date +%s)
 run eager --no-compile

@@ -6,7 +6,11 @@
 #      default: the site-packages of the `python3` that imports torch), nothing else;
 #   2. without a wheelhouse, gpu_check.sh must stop with one line and exit 2;
 #   3. with a wheelhouse built by wheelhouse.sh for this Python, it must install from it with
-#      pip --no-index (PIP_NO_INDEX=1, no find-links) and run to its summary (SMOKE=1: no GPU).
+#      pip --no-index (PIP_NO_INDEX=1, no find-links) and run to its summary (SMOKE=1: no GPU);
+#   4. the GPU machine's Python and wheel tags (TARGET_PYTHON, default the first python3.12
+#      found, as on the H100/H200 images): a wheelhouse built for that version must install
+#      into a fresh venv of that interpreter with --no-index and import the bench command
+#      (INSTALL_ONLY=1; no torch there, so the bench itself is rehearsed in 3 on this Python).
 #
 #   bash benchmarks/gpu_check_install.sh      # prints PASS or FAIL with the reason; exit 0 or 1
 set -uo pipefail
@@ -73,4 +77,22 @@ rc=$?
 grep -q "^eager: status ok" "$WORK/b.out" || fail "with wheels: exit $rc, no ok record: $(tail -5 "$WORK/b.err")"
 grep -q "MFU target 45 %: not judged" "$WORK/b.out" || fail "with wheels: no summary line"
 grep "installing\|^eager\|tokens/s\|MFU target" "$WORK/b.out"
-echo "PASS: gpu_check.sh starts with only torch + the wheelhouse ($(( $(date +%s) - START )) s)"
+
+if [ -z "${TARGET_PYTHON:-}" ]; then  # the first python3.12 that runs (a pyenv shim may not)
+    for candidate in $(command -v python3.12) "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+        if "$candidate" -c pass 2>/dev/null; then TARGET_PYTHON=$candidate; break; fi
+    done
+fi
+[ -x "$TARGET_PYTHON" ] || fail "no Python 3.12 to rehearse the GPU machine's wheel tags (set TARGET_PYTHON)"
+TPYVER=$("$TARGET_PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+unset PIP_NO_INDEX PIP_FIND_LINKS PIP_CONFIG_FILE
+PYTHON="$PY" bash benchmarks/wheelhouse.sh "$TPYVER" "$WORK/whl-$TPYVER" >/dev/null \
+    || fail "cannot build the wheelhouse for Python $TPYVER"
+"$TARGET_PYTHON" -m venv "$WORK/venv-$TPYVER" || fail "cannot make a Python $TPYVER venv"
+export PIP_NO_INDEX=1 PIP_FIND_LINKS= PIP_CONFIG_FILE=/dev/null
+OUT="$WORK/target" PYTHON="$WORK/venv-$TPYVER/bin/python" WHEELHOUSE="$WORK/whl-$TPYVER" \
+    INSTALL_ONLY=1 bash benchmarks/gpu_check.sh >"$WORK/c.out" 2>"$WORK/c.err" \
+    || fail "Python $TPYVER: $(tail -2 "$WORK/c.err")"
+grep -q "installed for Python $TPYVER" "$WORK/c.out" || fail "Python $TPYVER: no import line"
+grep "installing\|installed for" "$WORK/c.out"
+echo "PASS: gpu_check.sh starts with only torch + the wheelhouse, and its wheels install for Python $TPYVER ($(( $(date +%s) - START )) s)"

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 2
 RECORD_SUFFIX = ".json"
-Status = Literal["ok", "oom", "failed"]
+Status = Literal["ok", "oom", "failed", "cancelled"]
 
 
 class Record(BaseModel):

@@ -7,7 +7,8 @@ the ones `scalelab bench` records. Rank 0 prints one line, `PARITY {case: {...}}
 losses, the sequence length a rank saw (to prove CP split it) and rank 0's local parameter count
 (to prove the parameters were sharded or split), its gradient norms and, for a mixture-of-experts
 model (a case's `model`: a catalog name or YAML file; llama-tiny by default), the measured load
-imbalance. A case may set `compute_dtype` and `grad_sync`; a case with `count_collectives` also profiles one more step and reports rank 0's
+imbalance. A case may set `compute_dtype`, `grad_sync` and `n_layers` (llama-tiny at another
+depth); a case with `count_collectives` also profiles one more step and reports rank 0's
 collectives of that step by kind (`collectives`), without the gradient norm's all-reduce.
 """
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from scalelab.cli.common import build_layout
 from scalelab.config.catalog import load_model
+from scalelab.config.model import ModelSpec
 from scalelab.measure.config import BenchOptions
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.train import Trainer, init_distributed, run_repeat
@@ -96,6 +98,11 @@ def main() -> None:
         start = time.perf_counter()
         name = case.pop("name")
         spec = load_model(case.pop("model", "llama-tiny"))
+        if "n_layers" in case:  # the same model with another depth (uneven pipeline splits)
+            n_layers = case.pop("n_layers")
+            spec = ModelSpec.model_validate(
+                spec.model_dump() | {"n_layers": n_layers, "name": f"{spec.name}-{n_layers}l"}
+            )
         dtype = case.pop("compute_dtype", "fp32")
         grad_sync = case.pop("grad_sync", "step")
         count = case.pop("count_collectives", False)

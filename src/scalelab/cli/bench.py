@@ -51,10 +51,17 @@ GradSyncOpt = Annotated[
     ),
 ]
 Fp8RecipeOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--fp8-recipe",
-        help="with --precision fp8: torchao float8 scaling, tensorwise | rowwise",
+        help="with --precision fp8: torchao float8 scaling, tensorwise (default) | rowwise",
+    ),
+]
+OversubscribeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--oversubscribe",
+        help="on CPU, allow more ranks than cores (up to 8 per core; tests run 4 ranks on 2)",
     ),
 ]
 Fp8AllGatherOpt = Annotated[
@@ -115,12 +122,13 @@ def bench(
     compile: CompileOpt = False,
     compute_dtype: DtypeOpt = "auto",
     grad_sync: GradSyncOpt = "step",
-    fp8_recipe: Fp8RecipeOpt = "tensorwise",
+    fp8_recipe: Fp8RecipeOpt = None,
     fp8_all_gather: Fp8AllGatherOpt = False,
     data: DataOpt = None,
     profile: ProfileOpt = False,
     profile_steps: ProfileStepsOpt = 3,
     timeout_s: TimeoutOpt = 600.0,
+    oversubscribe: OversubscribeOpt = False,
     cluster: BenchClusterOpt = None,
     predict: PredictOpt = False,
     out: OutOpt = Path("runs"),
@@ -148,9 +156,12 @@ def bench(
         check_layout,
         check_layout_options,
         check_model,
+        check_nproc,
         check_options,
+        check_timeout,
         check_tokens,
         under_torchrun,
+        visible_gpus,
     )
 
     spec = load_model(model)
@@ -163,15 +174,18 @@ def bench(
     at_most("warmup", warmup, MAX_COUNT)
     choice("compute-dtype", compute_dtype, ("auto", "fp32", "bf16"))
     choice("grad-sync", grad_sync, ("step", "microbatch"))
-    choice("fp8-recipe", fp8_recipe, ("tensorwise", "rowwise"))
-    # (--fp8-recipe and --fp8-all-gather without --precision fp8: check_layout_options)
+    if fp8_recipe is not None:
+        choice("fp8-recipe", fp8_recipe, ("tensorwise", "rowwise"))
+    check_timeout("timeout-s", timeout_s)
+    if not 0 <= seed < 2**63:
+        raise InputError("seed", f"must be from 0 to 2**63 - 1, not {seed}")
     only_with("--profile-steps", profile_steps != 3, "--profile", profile)
     try:
         options = BenchOptions(
             steps=steps, warmup=warmup, repeats=repeats, seed=seed, lr=lr, grad_clip=grad_clip,
             compile=compile, compute_dtype=compute_dtype, data=data, profile=profile,  # type: ignore[arg-type]
             grad_sync=grad_sync,  # type: ignore[arg-type]
-            fp8_recipe=fp8_recipe, fp8_all_gather=fp8_all_gather,  # type: ignore[arg-type]
+            fp8_recipe=fp8_recipe or "tensorwise", fp8_all_gather=fp8_all_gather,  # type: ignore[arg-type]
             profile_steps=profile_steps, timeout_s=timeout_s, predict=predict,
             out_dir=str(out),
         )  # fmt: skip
@@ -190,20 +204,20 @@ def bench(
     seq_len = layout.pop("seq_len", None)
     seq_len = spec.seq_len if seq_len is None else seq_len
     built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
+    if fp8_recipe is not None and built.precision != "fp8":
+        raise InputError("fp8-recipe", "--fp8-recipe needs --precision fp8")
     # The checks that need no cluster run before torch's import (~3 s), so bad input fails at once.
     check_layout(built, spec, per_node)
     check_layout_options(options, built, spec)
+    if not worker:  # before torch's import: --nproc-per-node 100000 fails at once
+        check_nproc(nproc_per_node, visible_gpus(), oversubscribe)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
     gpu = _detected_gpu()
     if gpu is not None and not worker:
         import torch
 
-        if nproc_per_node > torch.cuda.device_count():
-            raise InputError(
-                "nproc-per-node",
-                f"{nproc_per_node} processes but {torch.cuda.device_count()} GPUs here",
-            )
+        check_nproc(nproc_per_node, torch.cuda.device_count(), oversubscribe)
     from scalelab.measure.config import resolve_cluster
 
     cluster_spec, _ = resolve_cluster(cluster, gpu)
@@ -218,7 +232,7 @@ def bench(
         if gpu is not None:
             fp8.check_local_device()
         else:
-            fp8.check_gloo(fp8_recipe, built.tp, built.sequence_parallel)
+            fp8.check_gloo(options.fp8_recipe, built.tp, built.sequence_parallel)
     predict_cluster = None
     if predict:
         from scalelab.predicted import require_predictor

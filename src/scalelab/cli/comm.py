@@ -74,6 +74,12 @@ def comm(
         int, typer.Option("--nproc-per-node", help="processes to launch here with torchrun")
     ] = 2,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="collective timeout")] = 300.0,
+    oversubscribe: Annotated[
+        bool,
+        typer.Option(
+            "--oversubscribe", help="on CPU, allow more ranks than cores (up to 8 per core)"
+        ),
+    ] = False,
     cluster: Annotated[
         str | None, typer.Option("--cluster", "-c", help="cluster name to record (for calibrate)")
     ] = None,
@@ -85,7 +91,12 @@ def comm(
     average bus bandwidth)."""
     writable_folder("out", out)  # first: a run whose record cannot be written is lost
     from scalelab.collectives import BENCHMARKED as COLLECTIVES
-    from scalelab.measure.config import under_torchrun
+    from scalelab.measure.config import (
+        check_nproc,
+        check_timeout,
+        under_torchrun,
+        visible_gpus,
+    )
 
     # Everything is checked before torch is imported (~3 s): bad input fails at once.
     chosen = [c.strip() for c in collectives.split(",") if c.strip()]
@@ -105,8 +116,10 @@ def comm(
     if check < 0:
         raise InputError("check", f"must be 0 or more, not {check}")
     at_most("check", check, MAX_COUNT)
+    check_timeout("timeout-s", timeout_s)
     if not under_torchrun():
         positive("nproc-per-node", nproc_per_node)
+        check_nproc(nproc_per_node, visible_gpus(), oversubscribe)
     try:
         import torch  # noqa: F401
     except ImportError:

@@ -66,7 +66,9 @@ def report(
         print_json(result.to_dict())
         return
     console.print(
-        f"{result.records} records ({result.ok} ok, {result.failed} failed or OOM), "
+        f"{result.records} records ({result.ok} ok, {result.failed} failed or OOM"
+        + (f", {result.cancelled} cancelled" if result.cancelled else "")
+        + "), "
         f"{result.configurations} configurations, {len(result.figures)} figures"
     )
     for note in result.notes:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scalelab.config.pipeline import layout_stages
 from scalelab.measure.job import BenchJob, RunIdentity
 from scalelab.measure.record import RepeatResult, add_trace_report, base_record, bench_record
 from scalelab.results import Record
@@ -91,6 +92,10 @@ def measure_bench(job: BenchJob, info: Any, identity: RunIdentity) -> Record:
     if trainer.fp8_note:
         record.notes["precision"] = trainer.fp8_note
     record.workload["reshard_after_forward_applied"] = trainer.reshard_after_forward
+    if job.layout.pp > 1:  # the layers each stage built (config.pipeline's split)
+        record.workload["pipeline_stage_layers"] = [
+            stage.n_layers for stage in layout_stages(job.model, job.layout)
+        ]
     record.workload["mesh"] = {
         "pp": trainer.dims.pp,
         "dp_replicate": trainer.dims.dp_replicate,

@@ -3,6 +3,7 @@ here, so that bad input fails before torch's import, ~3 s)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,60 @@ GradSync = Literal["step", "microbatch"]
 Fp8Recipe = Literal["tensorwise", "rowwise"]
 
 
+# The longest collective timeout a run may ask for (a week): more is a typo, and torch's timedelta
+# overflows on inf.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Processes per CPU core `--oversubscribe` allows (a CI runner with 2 cores runs 4 ranks).
+OVERSUBSCRIBE_PER_CORE = 8
+
+
+def local_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container or Slurm limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_timeout(flag: str, value: float) -> float:
+    """A collective timeout: finite, more than 0 and at most a week."""
+    if not math.isfinite(value) or value <= 0 or value > MAX_TIMEOUT_S:
+        raise InputError(
+            flag,
+            f"must be a finite number of seconds above 0 and at most {MAX_TIMEOUT_S:.0f}, not {value}",
+        )
+    return value
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, without importing torch: CUDA_VISIBLE_DEVICES when set,
+    else the /dev/nvidiaN device files (0 on a machine without the driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [e for e in visible.split(",") if e.strip()]
+        return 0 if not entries or entries[0].strip() == "-1" else len(entries)
+    return sum(1 for p in Path("/dev").glob("nvidia*") if p.name[len("nvidia") :].isdigit())
+
+
+def check_nproc(nproc_per_node: int, gpus: int | None, oversubscribe: bool) -> None:
+    """Processes to start here: at most the GPUs (on a GPU machine) or the cores, unless
+    `oversubscribe` (CPU only: then at most OVERSUBSCRIBE_PER_CORE per core)."""
+    if nproc_per_node < 1:
+        raise InputError("nproc-per-node", f"must be a positive integer, not {nproc_per_node}")
+    if gpus:
+        if nproc_per_node > gpus:
+            raise InputError("nproc-per-node", f"{nproc_per_node} processes but {gpus} GPUs here")
+        return
+    cores = local_cores()
+    limit = cores * OVERSUBSCRIBE_PER_CORE if oversubscribe else cores
+    if nproc_per_node > limit:
+        hint = "" if oversubscribe else "; pass --oversubscribe to run more ranks than cores"
+        raise InputError(
+            "nproc-per-node",
+            f"{nproc_per_node} processes but {cores} cores here (at most {limit}{hint})",
+        )
+
+
 class BenchOptions(BaseModel):
     """Options of `scalelab bench` that are not part of the layout."""
 
@@ -31,8 +86,10 @@ class BenchOptions(BaseModel):
     warmup: int = Field(10, ge=0, description="warm-up steps per repeat (not measured)")
     repeats: int = Field(3, gt=0)
     seed: int = 0
-    lr: float = Field(3e-4, gt=0)
-    grad_clip: float = Field(1.0, ge=0, description="max gradient norm; 0 disables clipping")
+    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    grad_clip: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="max gradient norm; 0 disables clipping"
+    )
     compile: bool = False
     compute_dtype: ComputeDtype = "auto"
     grad_sync: GradSync = Field(
@@ -64,7 +121,13 @@ class BenchOptions(BaseModel):
     )
     profile: bool = False
     profile_steps: int = Field(3, gt=0)
-    timeout_s: float = Field(600.0, gt=0, description="process-group (collective) timeout")
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="process-group (collective) timeout",
+    )
     predict: bool = Field(
         False, description="attach the predictor's numbers to the record (done above the harness)"
     )
@@ -258,6 +321,14 @@ def check_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = N
         )
     if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.virtual_stages != 2:
         raise InputError("virtual_stages", "pp_schedule zbv runs 2 stages per rank")
+    if layout.tp > model.n_kv_heads:
+        # The predictor and Megatron-Core replicate K/V heads past tp = n_kv_heads; the harness's
+        # column-parallel wk/wv would need fewer rows than ranks (a reshape error at run time).
+        raise InputError(
+            "tp",
+            f"tp ({layout.tp}) is more than {model.name}'s n_kv_heads ({model.n_kv_heads}): bench "
+            "does not replicate K/V heads across TP ranks; use tp <= n_kv_heads",
+        )
     if layout.tp > 1 and model.vocab_size % layout.tp:
         raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
 

@@ -16,16 +16,19 @@ when the job has more than one process per node), for callers such as `scalelab 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from scalelab.measure.job import BenchJob, CommJob, read_job, write_job
 from scalelab.measure.record import SECONDARY_NOTE, base_record
@@ -82,14 +85,19 @@ def launch(
     `--node-rank`, `--rdzv-backend c10d`, `--rdzv-endpoint HOST:PORT` on each node of a multi-node
     job. torchrun's stderr is passed through and its tail kept to name the failed rank if the job
     dies without writing a record itself; then `failed_record` is written (pass None on every node
-    but the first, so that one node speaks for the job). A run interrupted with Ctrl-C writes no
-    record: it was stopped, not failed.
+    but the first, so that one node speaks for the job). A run stopped from outside (SIGTERM to
+    the launcher or to torchrun: scancel, a time limit; SIGINT: Ctrl-C) ends in a `cancelled`
+    record, which reports keep apart from failures; a real failure recorded before it is kept.
+    While it runs, the launcher holds a lock on `job_file`, so that a later launch can tell a job
+    file left by a killed launcher (`remove_stale_jobs`).
     """
     identity = job.identity
     if identity is None:
         raise ValueError("launch needs a job with its identity (the record's name)")
     out_dir = job.out_dir
+    remove_stale_jobs(job_file.parent)
     write_job(job, job_file)
+    lock = _hold(job_file)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", *torchrun_args,
         f"--nproc-per-node={job.nproc_per_node}", "-m", "scalelab.measure.worker", str(job_file),
@@ -114,27 +122,34 @@ def launch(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
 
-    interrupted = False
+    stopped_by: str | None = None
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal interrupted
-        interrupted = True
+        nonlocal stopped_by
+        stopped_by = stopped_by or _signal_name(signum)
         proc.send_signal(signum)
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
-        rc = proc.wait()
-    except KeyboardInterrupt:
-        interrupted = True
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait()
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C (torchrun got it too); wait for it to stop
+                stopped_by = stopped_by or "SIGINT"
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
         reader.join(timeout=5)
+        lock.close()
     final = out_dir / f"{identity.name}.json"
     # SIGTERM from outside (scancel, a time limit, pre-emption) may reach torchrun before us.
-    interrupted = interrupted or rc == -signal.SIGTERM
-    if rc == 0 or interrupted:
+    if stopped_by is None and rc == -signal.SIGTERM:
+        stopped_by = "SIGTERM to torchrun"
+    if stopped_by is not None:
+        return rc, _cancelled(final, failed_record, stopped_by)
+    if rc == 0:
         return rc, final if final.exists() else None
     culprit = _culprit("".join(tail))
     who = f"rank {culprit[0]}" if culprit else "an unknown rank"
@@ -159,6 +174,69 @@ def launch(
         return rc, write_record(failed_record, out_dir, overwrite=False)
     except FileExistsError:
         return rc, final
+
+
+CANCELLED = "cancelled by {how} (scancel, a time limit or Ctrl-C): stopped, not failed"
+# A job file older than this whose lock nobody holds was left by a launcher that was killed.
+STALE_JOB_S = 60.0
+
+
+def _cancelled(final: Path, failed_record: Record | None, how: str) -> Path | None:
+    """The record of a run stopped from outside: `cancelled`, unless a rank had already failed
+    on its own (a primary failed or oom record is kept as it is)."""
+    from scalelab.measure.worker import is_terminated_text
+
+    error = CANCELLED.format(how=how)
+    if final.exists():
+        record = load_record(final)
+        stopped = record.status == "failed" and (
+            record.notes.get("error") == SECONDARY_NOTE or is_terminated_text(record.error or "")
+        )
+        if stopped:
+            record.status = "cancelled"
+            record.notes.pop("error", None)
+            record.notes["stopped_rank_error"] = record.error or ""
+            record.error = error
+            write_record(record, final.parent)
+        return final
+    if failed_record is None:
+        return None
+    record = failed_record.model_copy(update={"status": "cancelled", "error": error})
+    try:
+        return write_record(record, final.parent, overwrite=False)
+    except FileExistsError:
+        return final
+
+
+def _hold(job_file: Path) -> IO[bytes]:
+    """An open handle holding an exclusive lock on `job_file` for as long as the run lasts (the
+    kernel drops it when this process dies, however it dies)."""
+    handle = job_file.open("rb")
+    with contextlib.suppress(OSError):
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return handle
+
+
+def remove_stale_jobs(folder: Path) -> list[Path]:
+    """Remove job files left by launchers that were killed (SIGKILL leaves them): older than
+    STALE_JOB_S and locked by nobody. Returns the files removed."""
+    from scalelab.measure.job import JOB_SUFFIX
+
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    now = time.time()
+    for path in folder.glob(f"*{JOB_SUFFIX}"):
+        try:
+            if now - path.stat().st_mtime < STALE_JOB_S:
+                continue
+            with path.open("rb") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises when a run holds it
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 def launch_job(job: BenchJob | CommJob, out_dir: Path) -> tuple[int, Path | None]:

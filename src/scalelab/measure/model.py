@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterable
 from typing import cast
 
 import torch
@@ -152,16 +153,28 @@ class Transformer(nn.Module):
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
 
-    def __init__(self, spec: ModelSpec, seq_len: int) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        seq_len: int,
+        layers: Iterable[int] | None = None,
+        embedding: bool = True,
+        head: bool = True,
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.seq_len = seq_len
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(spec, i) for i in range(spec.n_layers)}
+        self.tok_embeddings: nn.Embedding | None = (
+            nn.Embedding(spec.vocab_size, spec.d_model) if embedding else None
         )
-        self.norm: RMSNorm | None = RMSNorm(spec.d_model)
-        self.output: nn.Linear | None = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        indices = range(spec.n_layers) if layers is None else layers
+        # Keyed by the global layer index, so that a stage's names (and initial values) are
+        # the whole model's.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, i) for i in indices})
+        self.norm: RMSNorm | None = RMSNorm(spec.d_model) if head else None
+        self.output: nn.Linear | None = (
+            nn.Linear(spec.d_model, spec.vocab_size, bias=False) if head else None
+        )
         cos, sin = rope_tables(seq_len, spec.head_dim)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -181,10 +194,18 @@ class Transformer(nn.Module):
         return h
 
 
-def build_model(spec: ModelSpec, seq_len: int, device: str | torch.device = "meta") -> Transformer:
-    """The whole model on `device` (meta by default: shapes only, no memory)."""
+def build_model(
+    spec: ModelSpec,
+    seq_len: int,
+    device: str | torch.device = "meta",
+    layers: Iterable[int] | None = None,
+    embedding: bool = True,
+    head: bool = True,
+) -> Transformer:
+    """The whole model on `device` (meta by default: shapes only, no memory), or one pipeline
+    stage of it: only `layers` (global indices), with or without the embedding and the head."""
     with torch.device(device):
-        return Transformer(spec, seq_len)
+        return Transformer(spec, seq_len, layers, embedding, head)
 
 
 def canonical_name(fqn: str) -> str:

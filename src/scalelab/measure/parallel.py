@@ -41,6 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
 from scalelab.config.options import PipelineSchedule, Recompute
+from scalelab.config.pipeline import Stage, layout_stages, rank_stage_ids
 from scalelab.measure.config import data_parallel_degrees, ep_problem
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -167,37 +168,22 @@ def build_meshes(dims: ParallelDims, device_type: str) -> Meshes:
 
 def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
     """The global stage indices a pipeline rank runs: looped (r, r+pp, ...) or V-shaped (zbv)."""
-    if layout.pp_schedule == PipelineSchedule.ZBV:
-        return [pp_rank, 2 * layout.pp - 1 - pp_rank]
-    return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
+    return rank_stage_ids(layout, pp_rank)
 
 
 def pipeline_modules(
-    spec: ModelSpec, layout: Layout, pp_rank: int, build: Callable[[], nn.Module]
+    spec: ModelSpec, layout: Layout, pp_rank: int, build: Callable[[Stage], nn.Module]
 ) -> list[tuple[int, nn.Module]]:
-    """(stage index, module) for each stage of this rank: the full model minus what it does not own.
+    """(stage index, module) for each stage of this rank.
 
-    Layers are split evenly and contiguously; the first stage keeps the embedding, the last
-    the final norm and output. `build` makes a fresh full model (on the meta device).
+    The layers each stage holds come from `config.pipeline.layout_stages` (torchtitan's split
+    of [embedding, layers, norm + output], uneven where the count does not divide), the split
+    the predictor prices; the first stage holds the embedding, the last the final norm and
+    output. `build(stage)` makes that stage's module (on the meta device), its layers keyed by
+    their global index.
     """
-    n_stages = layout.pp * (
-        2 if layout.pp_schedule == PipelineSchedule.ZBV else layout.virtual_stages
-    )
-    per_stage = spec.n_layers // n_stages
-    modules = []
-    for stage in stage_ids(layout, pp_rank):
-        model: Any = build()
-        keep = {str(i) for i in range(stage * per_stage, (stage + 1) * per_stage)}
-        for key in list(model.layers.keys()):
-            if key not in keep:
-                del model.layers[key]
-        if stage != 0:
-            model.tok_embeddings = None
-        if stage != n_stages - 1:
-            model.norm = None
-            model.output = None
-        modules.append((stage, model))
-    return modules
+    stages = layout_stages(spec, layout)
+    return [(index, build(stages[index])) for index in stage_ids(layout, pp_rank)]
 
 
 def build_schedule(

@@ -34,7 +34,9 @@ from torch.nn import functional
 
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision, Sharding
+from scalelab.config.options import AttentionKernel, Precision, Sharding
+from scalelab.config.pipeline import Stage, stage_count
+from scalelab.measure import forensics
 from scalelab.measure.config import BenchOptions, load_tokens, under_torchrun
 from scalelab.measure.energy import EnergyMeter
 from scalelab.measure.model import Transformer, build_model, materialize
@@ -260,13 +262,15 @@ class Trainer:
         self.pp_rank = self.meshes["pp"].get_local_rank()
         self.dp_rank = self.meshes.dp.get_local_rank()
 
-        def build() -> nn.Module:
-            return build_model(spec, layout.seq_len, "meta")
+        def build(stage: Stage) -> nn.Module:
+            return build_model(
+                spec, layout.seq_len, "meta", stage.layers, stage.embedding, stage.head
+            )
 
         if layout.pp > 1:
             stage_modules = pipeline_modules(spec, layout, self.pp_rank, build)
         else:
-            stage_modules = [(0, build())]
+            stage_modules = [(0, build_model(spec, layout.seq_len, "meta"))]
         # Under a pipeline, parameters stay gathered from forward to backward (torchtitan's
         # default: resharding would re-gather them on every micro-batch) and the pipeline stage
         # keeps them gathered until the last micro-batch's backward, so FSDP gathers and reduces
@@ -325,9 +329,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.schedule: Any = None
         if layout.pp > 1:
-            n_stages = layout.pp * (
-                2 if layout.pp_schedule == PipelineSchedule.ZBV else layout.virtual_stages
-            )
+            n_stages = stage_count(layout)
             self.schedule = build_schedule(
                 self.stages, layout, n_stages, device, self.meshes["pp"].get_group(), cross_entropy
             )
@@ -458,18 +460,22 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step on `batch` (this rank's rows; built here if None); returns this
         rank's loss contribution and the gradient norm."""
+        forensics.at(step, "start of step")
         _fault(self.info.rank, step)
         inputs, labels = batch if batch is not None else self.local_data(step)
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule is not None:
+            forensics.at(step, "pipeline schedule (forward and backward)")
             loss = self._pipeline_step(inputs, labels)
         else:
             loss = self._flat_step(inputs, labels)
         if self.tp_partial:
             self._sum_tp_partial_grads()
         pp_group = self.meshes["pp"].get_group() if self.layout.pp > 1 else None
+        forensics.at(step, "gradient clipping")
         with torch.profiler.record_function("scalelab::clip_grad_norm"):
             norm = clip_grad_norm_(self.params, self.options.grad_clip, pp_group, self.sliced)
+        forensics.at(step, "optimizer")
         self.optimizer.step()
         if self.fp8_all_gather:
             from scalelab.measure.fp8 import precompute_scales
@@ -506,7 +512,9 @@ class Trainer:
             sync = not per_step or j == n_micro - 1
             with self._grad_sync(model, sync), self._context(x, y):
                 self.local_seq_len = x.shape[1]
+                forensics.at(forensics.PROGRESS.step, f"forward (micro-batch {j + 1}/{n_micro})")
                 loss = cross_entropy(model(x), y)
+                forensics.at(forensics.PROGRESS.step, f"backward (micro-batch {j + 1}/{n_micro})")
                 (loss / n_micro).backward()
             total += _local(loss.detach()).float()
         return total / n_micro
@@ -595,6 +603,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     trainer.expert_counts.clear()
     trainer.expert_rows.clear()
     w_times, w_losses, _ = _timed_steps(trainer, first_step, opts.warmup)
+    forensics.at(None, "barrier after the warm-up steps")
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -607,6 +616,7 @@ def run_repeat(trainer: Trainer, meter: EnergyMeter, first_step: int) -> RepeatR
     energy1 = meter.read_j()
 
     max_op, sum_op = dist.ReduceOp.MAX, dist.ReduceOp.SUM
+    forensics.at(None, "reducing the repeat's measurements")
     divisor = trainer.loss_divisor
     loss_all = torch.stack([*w_losses, *losses]).double() if (w_losses or losses) else None
     if loss_all is not None:

@@ -13,6 +13,7 @@ so a killed run leaves no record rather than a partial one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from types import FrameType
 from typing import Any
 
 from scalelab.measure.config import under_torchrun
+from scalelab.measure.forensics import Paths, Watcher, hang_report, recorder_env, run_prefix
 from scalelab.measure.job import BenchJob, CommJob, RunIdentity, read_job
 from scalelab.measure.record import SECONDARY_NOTE, base_record
 from scalelab.results import Record, write_record
@@ -45,6 +47,21 @@ _PEER_LOSS = (
     "ncclremoteerror",
     "terminated by sigterm",  # a TerminatedError that a library wrapped in its own error (DTensor)
 )
+
+
+# How long the rank that timed out waits for the others' dumps (they answer within POLL_S).
+HANG_WAIT_S = 5.0
+
+
+def is_timeout(exc: BaseException) -> bool:
+    """A collective that waited out the process group's timeout (gloo or NCCL)."""
+    text = str(exc).lower()
+    return not isinstance(exc, TerminatedError) and ("timed out" in text or "timeout" in text)
+
+
+def is_terminated_text(error: str) -> bool:
+    """A record's error that only says its rank was stopped by SIGTERM."""
+    return "TerminatedError" in error or "terminated by sigterm" in error.lower()
 
 
 def is_secondary(exc: BaseException) -> bool:
@@ -87,10 +104,14 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
 
     identity = job.identity
     rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    paths = Paths(job.out_dir / ".flight", run_prefix(identity.name if identity else None))
+    for key, value in recorder_env().items():
+        os.environ.setdefault(key, value)
+    watcher = Watcher(paths, rank) if world_size > 1 else None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        flight = job.out_dir / ".flight" / f"{identity.name if identity else 'run'}-rank"
-        info = init_distributed(job.timeout_s, flight)
+        info = init_distributed(job.timeout_s, paths.nccl_prefix())
         rank = info.rank
         if identity is None:
             shared: list[Any] = [job.new_identity(info.world_size) if rank == 0 else None]
@@ -101,23 +122,49 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
         path = write_record(record, job.out_dir) if rank == 0 else None
         dist.barrier()
         dist.destroy_process_group()
+        _forget(paths, rank)
         return 0, path
+    except KeyboardInterrupt:
+        if under_torchrun():
+            raise  # the launcher got Ctrl-C too and records the cancelled run
+        identity = identity or job.new_identity()
+        _write_cancelled(job, identity, "SIGINT")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return 130, None
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         if identity is None:
             identity = job.new_identity()
+        if isinstance(exc, TerminatedError) and not under_torchrun():
+            # One process, no launcher: SIGTERM here is the job being cancelled.
+            path = _write_cancelled(job, identity, "SIGTERM")
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return 1, path
         status = "oom" if is_oom(exc) else "failed"
         record = base_record(job, identity, status, error_text(rank, exc))
-        if is_secondary(exc):
+        hang = None
+        if world_size > 1 and is_timeout(exc):
+            # This rank waited out the timeout: ask every rank where it is (forensics.py).
+            wait_s = min(HANG_WAIT_S, max(1.0, job.timeout_s))
+            hang, hang_notes = hang_report(paths, rank, world_size, wait_s)
+            record.notes.update(hang_notes)
+        if hang:
+            record.notes["timeout_error"] = record.error or ""
+            record.error = hang
+        elif is_secondary(exc):
             record.notes["error"] = SECONDARY_NOTE
-        dumps = sorted((job.out_dir / ".flight").glob("*-rank*"))
-        if dumps:  # NCCL flight recorder dumps (GPU runs that timed out)
+        dumps = [paths.nccl_dump(r) for r in range(world_size) if paths.nccl_dump(r).exists()]
+        if dumps:  # NCCL's own flight recorder dumps (GPU runs that timed out)
             from scalelab.measure.flight import explain
 
             record.notes["nccl_flight_recorder"] = " ".join(str(p) for p in dumps)
-            stuck = explain(dumps)
+            stuck, ignored = explain(dumps)
             if stuck:
                 record.notes["hang"] = stuck
+            if ignored:
+                record.notes["flight_ignored"] = "; ".join(ignored)
         path = None
         try:
             path = write_record(record, job.out_dir, overwrite=False)
@@ -134,6 +181,25 @@ def run_worker(job: BenchJob | CommJob) -> tuple[int, Path | None]:
         os._exit(1)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if watcher is not None:
+            watcher.stop()
+
+
+def _write_cancelled(job: BenchJob | CommJob, identity: RunIdentity, how: str) -> Path | None:
+    from scalelab.measure.launch import CANCELLED
+
+    record = base_record(job, identity, "cancelled", CANCELLED.format(how=how))
+    try:
+        return write_record(record, job.out_dir, overwrite=False)
+    except FileExistsError:
+        return None
+
+
+def _forget(paths: Paths, rank: int) -> None:
+    """After a run that ended well: this rank's pid file goes (and the folder, when empty)."""
+    paths.pid(rank).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        paths.folder.rmdir()
 
 
 def _die_with_torchrun() -> None:

@@ -27,6 +27,7 @@ class ReportResult:
     exports: list[Path]
     notes: list[str] = field(default_factory=list)
     tensorboard_runs: list[Path] = field(default_factory=list)
+    cancelled: int = 0  # stopped from outside (scancel, Ctrl-C): not failures
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,6 +35,7 @@ class ReportResult:
             "records": self.records,
             "ok": self.ok,
             "failed": self.failed,
+            "cancelled": self.cancelled,
             "configurations": self.configurations,
             "html": str(self.html),
             "figures": {k: str(v) for k, v in self.figures.items()},
@@ -111,11 +113,13 @@ def build_report(
     )
     index = atomic_write_text(dest / "index.html", page)
     ok = sum(1 for o in obs if o.status == "ok")
+    cancelled = sum(1 for o in obs if o.status == "cancelled")
     return ReportResult(
         out=dest,
         records=len(obs),
         ok=ok,
-        failed=len(obs) - ok,
+        failed=len(obs) - ok - cancelled,
+        cancelled=cancelled,
         configurations=len(rows),
         html=index,
         figures=figs,

@@ -124,8 +124,9 @@ def record_path(out: Path, point: Point) -> Path:
 
 
 def stopped_from_outside(record: Record) -> bool:
-    """A failed record whose only error is that its ranks were terminated (SIGTERM)."""
-    return (
+    """A cancelled record, or a failed one whose only error is that its ranks were terminated
+    (SIGTERM)."""
+    return record.status == "cancelled" or (
         record.status == "failed"
         and record.notes.get("error") == SECONDARY_NOTE
         and _TERMINATED in (record.error or "")
@@ -152,6 +153,7 @@ def classify(out: Path, point: Point, retry_failed: bool) -> PointStatus:
     if stopped_from_outside(record):
         _set_aside(out, path, "stopped")
         return PointStatus(point, "pending", detail="was stopped before; runs again")
+    assert record.status != "cancelled"  # stopped from outside, set aside above
     if retry_failed:
         _set_aside(out, path, record.status)
         return PointStatus(point, "pending", "retried", detail=f"was {record.status}; retried")
@@ -303,6 +305,7 @@ def _settle(out: Path, s: PointStatus, e: Ended) -> None:
             s.state, s.record = "interrupted", None
             s.detail = f"stopped from outside ({e.detail}); runs again"
             return
+        assert record.status != "cancelled"  # stopped from outside, set aside above
         s.state, s.record = record.status, path
         s.detail = "" if record.status == "ok" else (record.error or e.detail)
         if record.status == "ok" and s.point.bench.predict and record.prediction is None:
