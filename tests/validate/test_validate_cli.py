@@ -66,9 +66,26 @@ def test_validate_skips_rows_it_cannot_read_with_a_reason(cli, tmp_path) -> None
     assert doc["rows_used"] == 1
     assert doc["rows_skipped"] == 2
     assert set(doc["skipped_by_reason"]) == {
-        "GPU not in the catalog (TPU v5p)",
-        "no throughput to compare (tokens/s, step time x global batch, MFU or TFLOP/s with its formula)",
+        "GPU not in the catalog (TPU v5p) (gpu_type)",
+        "no throughput to compare (tokens/s per GPU or of the job, step time x global batch, "
+        "MFU with its peak or TFLOP/s, each with its FLOP formula)",
     }
+    assert doc["by_assumption"]["all"]["rows"] == 1
+
+
+def test_validate_answers_in_json_when_no_row_is_usable(cli, tmp_path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text("model,gpu_type,num_gpus\nLlama 2 7B,H100-SXM5-80GB,8\n")
+    r = cli("validate", "--data", str(path), "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["rows_read"] == 1 and doc["rows_used"] == 0 and doc["rows_skipped"] == 1
+    assert doc["mape_tokens_per_gpu"] is None
+    assert "micro-batch not stated (micro_batch)" in doc["skipped_by_reason"]
+    assert len(doc["skipped_by_reason"]) > 5  # every reason of the row, not only its first
+    plain = cli("validate", "--data", str(path))
+    assert plain.returncode == 2 and plain.stdout == ""
+    assert plain.stderr.startswith("scalelab validate: data: none of 1 rows could be used")
 
 
 def test_validate_refuses_a_csv_of_another_schema(cli, tmp_path) -> None:
@@ -85,7 +102,8 @@ def test_explain_prints_how_a_row_was_read(cli) -> None:
     assert "-> sharding = zero1" in r.stdout and "ASSUMED" in r.stdout
     assert "predicted" in r.stdout
     skipped = cli("validate", "--explain", "22")
-    assert "SKIPPED: micro-batch not stated" in skipped.stdout
+    assert "    - micro-batch not stated (micro_batch)" in skipped.stdout
+    assert "step time: predicted" in r.stdout and "compute" in r.stdout
     bad = cli("validate", "--explain", "100000")
     assert bad.returncode == 2 and bad.stderr.startswith("scalelab: error: row:")
 

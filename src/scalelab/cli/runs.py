@@ -26,12 +26,17 @@ def import_runs(
         typer.Option("--review", help="review sheet: facts and assumptions the raw rows lack"),
     ] = None,
     skipped_out: Annotated[
-        Path | None, typer.Option("--skipped", help="also write the skipped rows and reasons here")
+        Path | None,
+        typer.Option(
+            "--skipped",
+            help="also write every reason each skipped row was not read here (CSV: row, model, "
+            "column, reason)",
+        ),
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Read every row with the written rules; rows that cannot be read are skipped with a reason."""
-    from scalelab.runs.importer import import_file, write_skipped
+    from scalelab.runs.importer import import_file, skip_counts, write_skipped
     from scalelab.runs.schema import write_runs
 
     readings = import_file(raw, review)
@@ -39,17 +44,23 @@ def import_runs(
     write_runs(runs, out)
     if skipped_out is not None:
         write_skipped(readings, skipped_out)
-    reasons = Counter(r.skipped for r in readings if r.skipped)
+    reasons = skip_counts(readings)
+    assumed = Counter(f for run in runs for f in set(run.assumed_fields))
     summary = {
         "rows": len(readings),
         "imported": len(runs),
-        "skipped": sum(reasons.values()),
-        "skipped_by_reason": dict(reasons),
+        "imported_with_assumptions": sum(1 for run in runs if run.assumed),
+        "skipped": len(readings) - len(runs),
+        "skipped_by_reason": reasons,
+        "rows_with_assumed_value": dict(assumed.most_common()),
         "out": str(out),
     }
     if json_out:
         print_json(summary)
         return
-    print(f"{len(runs)} of {len(readings)} rows imported to {out}")
-    for reason, n in reasons.most_common():
+    print(
+        f"{len(runs)} of {len(readings)} rows imported to {out} "
+        f"({summary['imported_with_assumptions']} with assumed values: validate --explain ROW)"
+    )
+    for reason, n in reasons.items():
         print(f"  skipped {n}: {reason}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,7 +26,11 @@ ReviewOpt = Annotated[
 ]
 ExplainOpt = Annotated[
     int | None,
-    typer.Option("--explain", help="print how raw row N (0-based) was read, and its prediction"),
+    typer.Option(
+        "--explain",
+        help="print how row N (0-based; raw or typed file) was read, its prediction and the "
+        "predicted step's time by part beside the measured figure",
+    ),
 ]
 CrossOpt = Annotated[
     bool,
@@ -62,7 +67,17 @@ def validate(
     report = run_validation(data, review, with_cross_validation=cross_validate)
     if json_out:
         print_json(report.to_dict(with_rows=rows))
+        if report.rows_used == 0:
+            raise SystemExit(2)
         return
+    if report.rows_used == 0:
+        reasons = "; ".join(f"{why}: {n}" for why, n in list(report.skipped_by_reason.items())[:5])
+        print(
+            f"scalelab validate: data: none of {report.rows_read} rows could be used ({reasons}; "
+            "all reasons: --json, or scalelab runs import --skipped FILE)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     cv = report.cross_validated
     table = Table(title=f"predicted vs measured tokens/s per GPU ({report.rows_used} runs)")
     columns = ["source", "runs", "MAPE in-sample", "median bias"]
@@ -86,6 +101,19 @@ def validate(
         total += [f"[bold]{_pct(cv['mape_tokens_per_gpu'])}[/]", ""]
     table.add_row(*total)
     console.print(table)
+    groups = report.by_assumption
+    labels = {
+        "all": "all rows",
+        "only_what_the_row_names": "rows assuming only what they name",
+        "nothing_assumed": "rows with nothing assumed",
+    }
+    console.print(
+        "; ".join(
+            f"{label}: {groups[key]['rows']} runs, MAPE {_pct(groups[key]['mape_tokens_per_gpu'])}"
+            for key, label in labels.items()
+            if key in groups
+        )
+    )
     rho = report.median_spearman
     console.print(
         f"runs within ±20 %: {report.within_20_pct * 100:.0f} %; median Spearman ρ of layouts within "

@@ -160,9 +160,9 @@ def read_precision(text: str, fp8_scaling: str = "") -> tuple[str, str] | str:
         return "precision not stated"
     if mention(t, r"nvfp4|\bfp4\b"):
         return "nvfp4", "NVFP4"
-    if mention(t, r"\bmxfp8\b|\bmx[\s_-]?fp8\b"):
+    if mention(t, r"\bmxfp8\b|\bmx[\s_-]?fp8\b|\bfp8[\s_-]mx\b"):
         return "mxfp8", "MXFP8 (32-element block scales)"
-    if mention(t, r"\bfp8\b|\bfloat8\b|\bfp8_"):
+    if mention(t, r"\bfp8\b|\bfloat8\b|\bfp8_|\bamp_fp8\b"):
         scaling = f"{t} {fp8_scaling}"
         if mention(scaling, r"\bdelayed\b"):
             return "fp8-delayed", "fp8 with delayed scaling"
@@ -293,7 +293,7 @@ def read_dgx(text: str) -> str | None:
 _STACKS: tuple[tuple[str, str], ...] = (
     (r"\btorchtitan\b", "torchtitan"),
     (r"\bnemo\b|\bmegatron[- ]core\b", "megatron-core-te"),
-    (r"\bmegatron[- ]lm\b.*\b2021\b", "megatron-lm-2021"),
+    (r"\bmegatron[- ]lm\b.*\b(?:2021|ptd-p)\b", "megatron-lm-2021"),
     (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
     (r"\bdeepspeed\b", "deepspeed-zero"),
     (r"\baleph alpha\b", "aleph-alpha-scaling"),
