@@ -943,13 +943,21 @@ def _read_global_batch(r: _Reader, f: dict[str, Any]) -> None:
     step_time = rules.parse_number(r.text("step_time_s"))
     per_gpu = _measured_per_gpu(f)
     if global_batch is None and step_time and per_gpu and f.get("seq_len"):
-        global_batch = max(1, round(per_gpu * f["gpus"] * step_time / f["seq_len"]))
+        sequences = per_gpu * f["gpus"] * step_time / f["seq_len"]
+        # A step is a whole number of micro-batches on each data-parallel rank.
+        per_step = (f.get("micro_batch") or 1) * (f.get("dp") or 1)
+        global_batch = max(1, round(sequences / per_step)) * per_step
         basis = (
             "tokens/s"
             if not str(f["measured_quantity"]).startswith(("mfu", "tflops"))
             else (f"tokens/s from the {f['measured_quantity']} and its FLOP formula")
         )
-        r.note("global_batch", global_batch, f"derived: {basis} x step time / sequence length")
+        r.note(
+            "global_batch",
+            global_batch,
+            f"derived: {basis} x step time / sequence length = {sequences:.1f} sequences, to "
+            f"whole micro-batches of {per_step} (micro-batch x dp)",
+        )
     if global_batch is None:
         r.problem("global batch not stated (global_batch_seqs; or a step time with a throughput)")
     f["global_batch"] = global_batch

@@ -25,6 +25,7 @@ class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: str = Field(min_length=1, description="where the entry's facts come from")
+    example: str = Field(min_length=1, description="a text this entry must read (tested)")
 
 
 class Architecture(BaseModel):
