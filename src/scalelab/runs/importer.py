@@ -680,6 +680,10 @@ def _read_sharding_and_sp(r: _Reader, f: dict[str, Any]) -> None:
         r.problem("sharding not stated (sharding)")
     if f.get("sharding") is not None:
         f["reshard_after_forward"] = f["sharding"] != "zero2"
+    if f.get("sharding") == "hsdp":
+        f["hsdp_shard_size"] = r.integer("hsdp_shard_size", "hsdp_shard_size")
+        if f["hsdp_shard_size"] is None:
+            r.note("hsdp_shard_size", "node", "not stated: HSDP shards within a node")
     _need(f, "tp")
     tp = f["tp"]
     sp_cell = r.text("sequence_parallel")
