@@ -287,3 +287,20 @@ def test_a_review_sheet_replaces_an_unreadable_cell_and_states_an_architecture()
     assert reading.run is not None and reading.run.precision == "fp16"
     assert reading.run.ffn == "swiglu" and reading.run.assumed == ""
     assert any("in place of 'mixed (16-bit)'" in how for _, _, how in reading.how)
+
+
+def test_a_frameworks_fp8_default_and_a_gpu_without_flash_attention() -> None:
+    run = read(precision="amp_fp8", framework="llm-foundry").run
+    assert run is not None and run.precision == "fp8-delayed"
+    assert "precision" in run.assumed_fields and run.assumption_kind == "named"
+    assert (
+        read(precision="amp_fp8").skipped == "fp8 scaling recipe not stated (precision = 'amp_fp8')"
+    )
+    v100 = read(
+        gpu_type="V100-SXM2-32GB", notes="", framework="Megatron-LM", num_gpus="8", dp="8"
+    ).run
+    assert v100 is not None and v100.attention == "fused"
+    on_a100 = read(
+        gpu_type="A100-SXM4-80GB", notes="", framework="Megatron-LM", num_gpus="8", dp="8"
+    )
+    assert on_a100.skipped == "attention kernel not stated (attention, or kernel= in the notes)"

@@ -139,6 +139,10 @@ def test_sharding_not_stated_is_none() -> None:
         ("NVFP4", "", "nvfp4"),
         ("fp8 (Transformer Engine)", "", "fp8-delayed"),
         ("bf16 + fp8 linears", "tensorwise", "fp8-tensorwise"),
+        ("FP8-MX", "", "mxfp8"),
+        ("FP8-CS", "", "fp8-tensorwise"),  # current scaling: per-tensor, dynamic
+        ("FP8-DS", "", "fp8-delayed"),
+        ("amp_fp8", "delayed", "fp8-delayed"),
     ],
 )
 def test_precision_recipes(text: str, scaling: str, recipe: str) -> None:
@@ -150,6 +154,8 @@ def test_precision_recipes(text: str, scaling: str, recipe: str) -> None:
     ("text", "reason"),
     [
         ("bf16 + fp8 linears", "fp8 scaling recipe not stated"),
+        ("amp_fp8", "fp8 scaling recipe not stated"),
+        ("mixed (16-bit)", "precision not readable"),
         ("fp32", "precision fp32/tf32 not modelled by the predictor"),
         ("", "precision not stated"),
     ],

@@ -449,6 +449,9 @@ def _read_model(r: _Reader, f: dict[str, Any]) -> None:
             f"mixture-of-experts model ({family.family}): the dense run reader does not read it"
         )
         return
+    if family is not None and family.not_modelled:
+        r.problem(f"{family.family}: {family.not_modelled}")
+        return
     if family is not None:
         r.note("model family", family.family, family.source)
     arch = _read_architecture(r, f, family)

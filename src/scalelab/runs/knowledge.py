@@ -72,6 +72,7 @@ class ModelFamily(_Entry):
     family: str
     names: str = Field(description="regex matched on the model cell")
     moe: bool = False
+    not_modelled: str | None = Field(None, description="why the predictor cannot read this family")
     architecture: Architecture | None = None
     shape: FamilyShape = FamilyShape()
     sizes: tuple[ModelSize, ...] = ()

@@ -164,9 +164,11 @@ def read_precision(text: str, fp8_scaling: str = "") -> tuple[str, str] | str:
         return "mxfp8", "MXFP8 (32-element block scales)"
     if mention(t, r"\bfp8\b|\bfloat8\b|\bfp8_|\bamp_fp8\b"):
         scaling = f"{t} {fp8_scaling}"
-        if mention(scaling, r"\bdelayed\b"):
+        if mention(scaling, r"\bdelayed\b|\bfp8[\s_-]ds\b"):
             return "fp8-delayed", "fp8 with delayed scaling"
-        if mention(scaling, r"tensor[\s_-]?wise|per[\s_-]tensor"):
+        if mention(
+            scaling, r"tensor[\s_-]?wise|per[\s_-]tensor|current[\s_-]scaling|\bfp8[\s_-]cs\b"
+        ):
             return "fp8-tensorwise", "fp8 with per-tensor (dynamic) scaling"
         if mention(scaling, r"block[\s_-]?wise|row[\s_-]?wise|per[\s_-]row|1x128|128x128"):
             return "fp8-blockwise", "fp8 with block scales (a row is a block of one row)"
