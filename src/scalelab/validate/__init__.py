@@ -283,8 +283,8 @@ def moe_section() -> dict[str, Any]:
 
 # The predicted step's parts shown by --explain (perf.predict keys, seconds per step).
 BREAKDOWN_PARTS = (
-    ("compute", "compute_s"),
-    ("recompute", "recompute_s"),
+    ("compute (incl. recompute)", "compute_s"),
+    ("  of which recompute", "recompute_s"),
     ("optimizer", "optimizer_s"),
     ("exposed communication", "exposed_comm_s"),
     ("pipeline bubble", "pp_bubble_s"),
@@ -331,7 +331,7 @@ def breakdown_lines(case: RunCase, measured_tps: float) -> list[str]:
     for label, key in BREAKDOWN_PARTS:
         part = float(p[key][0])
         if part > 0:
-            lines.append(f"    {label:<22} {part:9.3f} s  ({part / step:5.1%} of the step)")
+            lines.append(f"    {label:<26} {part:9.3f} s  ({part / step:5.1%} of the step)")
     return lines
 
 
