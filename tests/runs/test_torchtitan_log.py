@@ -115,6 +115,36 @@ def test_fp8_and_a_missing_metric_line() -> None:
         log_to_row(LOG, "[training\n")
 
 
+def test_a_2024_config_without_a_logged_mesh_needs_the_gpu_count() -> None:
+    """torchtitan of 2024 kept the degrees in [training] and Float8 in [float8]."""
+    log = "\n".join(
+        line
+        for line in LOG.splitlines()
+        if "device mesh" not in line and "Training starts" not in line
+    )
+    config = (
+        '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 1\nseq_len = 8192\n'
+        "data_parallel_degree = -1\ntensor_parallel_degree = 1\n"
+        '[activation_checkpoint]\nmode = "full"\n[float8]\nenable_float8_linear = true\n'
+    )
+    with pytest.raises(InputError, match="give --gpus"):
+        log_to_row(log, config)
+    row = log_to_row(log, config, gpus=8)
+    assert (row["num_gpus"], row["dp"], row["global_batch_seqs"], row["micro_batch"]) == (
+        "8",
+        "8",
+        "8",
+        "1",
+    )
+    assert row["precision"] == "bf16 + fp8 linears" and row["activation_checkpointing"] == "full"
+    with pytest.raises(InputError, match="tensor_parallel_degree = 'two'"):
+        log_to_row(
+            log,
+            config.replace("tensor_parallel_degree = 1", 'tensor_parallel_degree = "two"'),
+            gpus=8,
+        )
+
+
 def test_runs_import_from_torchtitan_then_validate(cli, tmp_path: Path) -> None:
     log, config, out = tmp_path / "train.log", tmp_path / "llama3_8b.toml", tmp_path / "runs.csv"
     log.write_text(LOG)

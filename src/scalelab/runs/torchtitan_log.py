@@ -88,7 +88,24 @@ def parse_log(text: str) -> dict[str, Any]:
     return out
 
 
-def _degrees(log: dict[str, Any], parallelism: dict[str, Any]) -> dict[str, int]:
+def _setting(config: dict[str, Any], key: str, default: Any, *tables: str) -> Any:
+    """A job-config value from the first table that has it (torchtitan moved settings between
+    [training], [parallelism] and [experimental] across versions)."""
+    for table in tables:
+        value = _table(config, table).get(key)
+        if value is not None:
+            return value
+    return default
+
+
+def _int(value: Any, key: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InputError("config", f"{key} = {value!r} is not a whole number") from None
+
+
+def _degrees(log: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
     """Parallel degrees: the logged device mesh, else the config (-1 = the rest of the GPUs)."""
     mesh = log.get("mesh") or {}
     if mesh:
@@ -100,13 +117,20 @@ def _degrees(log: dict[str, Any], parallelism: dict[str, Any]) -> dict[str, int]
             "dp_replicate": mesh.get("dp_replicate", 1),
             "dp_shard": dp_shard,
         }
-    shard = int(parallelism.get("data_parallel_shard_degree", -1))
+    where = ("parallelism", "training", "experimental")
+
+    def get(key: str, default: int) -> int:
+        return _int(_setting(config, key, default, *where), key)
+
+    shard = _setting(config, "data_parallel_shard_degree", None, *where)
+    if shard is None:  # torchtitan of 2024: data_parallel_degree
+        shard = _setting(config, "data_parallel_degree", -1, *where)
     return {
-        "tp": int(parallelism.get("tensor_parallel_degree", 1)),
-        "pp": int(parallelism.get("pipeline_parallel_degree", 1)),
-        "cp": int(parallelism.get("context_parallel_degree", 1)),
-        "dp_replicate": int(parallelism.get("data_parallel_replicate_degree", 1)),
-        "dp_shard": shard,
+        "tp": get("tensor_parallel_degree", 1),
+        "pp": get("pipeline_parallel_degree", 1),
+        "cp": get("context_parallel_degree", 1),
+        "dp_replicate": get("data_parallel_replicate_degree", 1),
+        "dp_shard": _int(shard, "data_parallel_shard_degree"),
     }
 
 
@@ -128,9 +152,8 @@ def log_to_row(
     if not steps:
         raise InputError("log", "no torchtitan metric line ('step: N ... tps: T') in the log")
     model_cfg, training = _table(config, "model"), _table(config, "training")
-    parallelism = _table(config, "parallelism")
     ac = _table(config, "activation_checkpoint")
-    degrees = _degrees(log, parallelism)
+    degrees = _degrees(log, config)
     if degrees["dp_shard"] == -1:
         if gpus is None:
             raise InputError(
@@ -144,12 +167,16 @@ def log_to_row(
     if gpus is not None and gpus != world:
         raise InputError("gpus", f"--gpus {gpus} differs from the log's device mesh ({world} GPUs)")
     local = log.get("local_batch") or training.get("local_batch_size") or training.get("batch_size")
+    local = _int(local, "local_batch_size") if local is not None else None
     global_batch = log.get("global_batch") or training.get("global_batch_size")
-    if not global_batch or int(global_batch) < 0:
-        global_batch = int(local) * dp if local else None
+    global_batch = _int(global_batch, "global_batch_size") if global_batch is not None else None
+    if not global_batch or global_batch < 0:
+        global_batch = local * dp if local else None
     micro = local
     if degrees["pp"] > 1:
-        micro = parallelism.get("pipeline_parallel_microbatch_size", 1)
+        micro = _setting(
+            config, "pipeline_parallel_microbatch_size", 1, "parallelism", "experimental"
+        )
     if degrees["dp_shard"] > 1 and degrees["dp_replicate"] > 1:
         sharding = "HYBRID_SHARD"
     elif degrees["dp_shard"] > 1:
@@ -159,7 +186,9 @@ def log_to_row(
     else:
         sharding = "none"
     converters = model_cfg.get("converters", []) or _table(config, "float8").get("converters", [])
-    fp8 = any("float8" in str(c) for c in converters)
+    fp8 = any("float8" in str(c) for c in converters) or bool(
+        _table(config, "float8").get("enable_float8_linear")  # torchtitan of 2024
+    )
     precision = str(training.get("mixed_precision_param", "bfloat16"))
     precision = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(precision, precision)
     if fp8:
@@ -179,7 +208,7 @@ def log_to_row(
         notes.append(f"peak mem {memory:.2f} GiB (reserved)")
     if compiled:
         notes.append("torch.compile")
-    if parallelism.get("enable_async_tensor_parallel"):
+    if _setting(config, "enable_async_tensor_parallel", False, "parallelism", "experimental"):
         notes.append("AsyncTP")
     model = log.get("model") or f"{model_cfg.get('name', '')} {model_cfg.get('flavor', '')}"
     return {
@@ -202,7 +231,9 @@ def log_to_row(
         "activation_checkpointing": str(ac.get("mode", "")),
         "precision": precision,
         "fp8_scaling": str(recipe or ""),
-        "pp_schedule": str(parallelism.get("pipeline_parallel_schedule", "")),
+        "pp_schedule": str(
+            _setting(config, "pipeline_parallel_schedule", "", "parallelism", "experimental")
+        ),
         "tokens_per_sec_per_gpu": f"{tps:.1f}",
         "notes": "; ".join(notes),
     }
