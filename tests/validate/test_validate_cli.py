@@ -143,3 +143,19 @@ def test_explain_gives_a_memory_verdict_resting_on_unstated_values_as_unknown(cl
     assert r.returncode == 0, r.stderr
     assert "memory verdict unknown (" in r.stdout and "recompute not stated" in r.stdout
     assert "predicted NOT to fit" not in r.stdout
+
+
+def test_cross_validation_of_one_source_group_says_why_it_cannot_run(cli, tmp_path) -> None:
+    header = (
+        "source,model,layers,hidden_size,heads,kv_heads,ffn_size,vocab,seq_len,global_batch_seqs,"
+        "micro_batch,gpu_type,num_gpus,gpus_per_node,tp,pp,dp,cp,sharding,"
+        "activation_checkpointing,precision,tokens_per_sec_per_gpu,notes\n"
+    )
+    row = "a,Llama 2 7B,32,4096,32,32,11008,32000,4096,16,1,H100-SXM5-80GB,8,8,1,1,8,1,FSDP,none,bf16,3000,FlashAttention\n"
+    path = tmp_path / "runs.csv"
+    path.write_text(header + row)
+    r = cli("validate", "--data", str(path), "--json", "--cross-validate")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "cross_validated" not in doc
+    assert doc["cross_validation_skipped"].startswith("leave-one-source-out needs")

@@ -71,12 +71,16 @@ def validate(
             raise SystemExit(2)
         return
     if report.rows_used == 0:
-        reasons = "; ".join(f"{why}: {n}" for why, n in list(report.skipped_by_reason.items())[:5])
-        print(
-            f"scalelab validate: data: none of {report.rows_read} rows could be used ({reasons}; "
-            "all reasons: --json, or scalelab runs import --skipped FILE)",
-            file=sys.stderr,
-        )
+        if not report.rows_read:
+            why = "the table has no rows"
+        else:
+            top = list(report.skipped_by_reason.items())[:5]
+            why = (
+                f"none of {report.rows_read} rows could be used ("
+                + "; ".join(f"{reason}: {n}" for reason, n in top)
+                + "; all reasons: --json, or scalelab runs import --skipped FILE)"
+            )
+        print(f"scalelab validate: data: {why}", file=sys.stderr)
         raise SystemExit(2)
     cv = report.cross_validated
     table = Table(title=f"predicted vs measured tokens/s per GPU ({report.rows_used} runs)")
@@ -101,6 +105,8 @@ def validate(
         total += [f"[bold]{_pct(cv['mape_tokens_per_gpu'])}[/]", ""]
     table.add_row(*total)
     console.print(table)
+    if report.cross_validation_skipped:
+        console.print(f"not cross-validated: {report.cross_validation_skipped}")
     groups = report.by_assumption
     labels = {
         "all": "all rows",

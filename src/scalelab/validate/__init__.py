@@ -93,6 +93,7 @@ class ValidationReport:
     # Accuracy side by side on all rows and on rows by what they leave unstated (assumption_kind).
     by_assumption: dict[str, Any] = field(default_factory=dict)
     rows_read: int = 0  # rows of the table (used + skipped)
+    cross_validation_skipped: str | None = None  # why --cross-validate could not run
 
     def to_dict(self, with_rows: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -114,6 +115,8 @@ class ValidationReport:
         }
         if self.cross_validated is not None:
             out["cross_validated"] = self.cross_validated
+        if self.cross_validation_skipped is not None:
+            out["cross_validation_skipped"] = self.cross_validation_skipped
         if self.moe is not None:
             out["moe"] = self.moe
         if with_rows:
@@ -145,7 +148,13 @@ def run_validation(
     in_sample = sweep_rhos(sweep_keys, tps, actual)
     rhos = [rho for _, rho in in_sample.values()]
     assumed = Counter(f for c in cases for f in set(c.run.assumed_fields))
-    cv = cross_validate(cases) if with_cross_validation else None
+    groups = len(set(sources))
+    cv = cross_validate(cases) if with_cross_validation and groups >= 2 else None
+    cv_skipped = (
+        f"leave-one-source-out needs runs of at least two source groups (these have {groups})"
+        if with_cross_validation and cv is None
+        else None
+    )
     out_of_sample = cv.pop("predicted") if cv else None
     held_out = sweep_rhos(sweep_keys, np.asarray(out_of_sample), actual) if out_of_sample else {}
     sweep_detail = [
@@ -203,6 +212,7 @@ def run_validation(
         ),
         assumed_fields=dict(sorted(assumed.items(), key=lambda kv: (-kv[1], kv[0]))),
         cross_validated=cv,
+        cross_validation_skipped=cv_skipped,
         sweep_detail=sweep_detail,
         rows=rows_out,
         moe=moe_section() if data is None else None,
