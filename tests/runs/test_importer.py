@@ -304,3 +304,16 @@ def test_a_frameworks_fp8_default_and_a_gpu_without_flash_attention() -> None:
         gpu_type="A100-SXM4-80GB", notes="", framework="Megatron-LM", num_gpus="8", dp="8"
     )
     assert on_a100.skipped == "attention kernel not stated (attention, or kernel= in the notes)"
+
+
+OPTIONAL_COLUMNS = {
+    "framework", "source_group", "network", "sequence_parallel", "attention", "fp8_scaling",
+    "norm_kernel", "cross_entropy", "peak_tflops", "flop_formula", "hsdp_shard_size", "pp_schedule",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("column", sorted(set(BASE) | OPTIONAL_COLUMNS))
+@pytest.mark.parametrize("cell", ["", "??", "-3", "1e999"])
+def test_any_cell_blank_or_unreadable_gives_reasons_never_an_error(column: str, cell: str) -> None:
+    reading = read(**{column: cell})
+    assert reading.run is not None or reading.reasons

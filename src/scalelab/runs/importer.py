@@ -22,6 +22,7 @@ architecture columns ffn, norm, position, bias, tied_embeddings.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
@@ -158,10 +159,6 @@ def read_review(text: str, where: str = "review") -> list[ReviewEntry]:
 
 
 # One reading -----------------------------------------------------------------------------------
-
-
-class _SkipError(Exception):
-    """A step cannot go on; the message is a reason counted (the other steps still run)."""
 
 
 class _BlockedError(Exception):
@@ -461,7 +458,8 @@ def _read_model(r: _Reader, f: dict[str, Any]) -> None:
         "d_model": rules.parse_number(r.text("hidden_size")),
     }
     if size is not None and any(
-        v is not None and round(v) != getattr(size, k) for k, v in stated_shape.items()
+        v is not None and (not math.isfinite(v) or round(v) != getattr(size, k))
+        for k, v in stated_shape.items()
     ):
         r.note("model size", size.size, "the stated shape is not this size's: size facts unused")
         size = None
@@ -986,12 +984,8 @@ _STEPS = (
 def _read(r: _Reader) -> Run | None:
     fields: dict[str, Any] = {"row": r.index}
     for step in _STEPS:
-        try:
+        with contextlib.suppress(_BlockedError):  # its reason is already recorded
             step(r, fields)
-        except _BlockedError:
-            pass
-        except _SkipError as exc:
-            r.problem(str(exc))
     if r.reasons:
         return None
     fields.pop("dp", None)
