@@ -9,6 +9,7 @@ None when the text does not say. docs/runs.md lists the rules with examples.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # Numbers ---------------------------------------------------------------------------------------
 
@@ -65,12 +66,14 @@ _FILE_TOKEN = re.compile(
 )
 
 
+@lru_cache(maxsize=8192)  # pure; the importer asks about the same notes many times
 def strip_paths(text: str) -> str:
     """Remove file names and paths ('seqpara/llama_13B.xlsx', 'configs/'): words inside them are
     not statements about the run. 'Gb/s' or 'triton/flash' are not paths (no '_', '.' or end '/')."""
     return _FILE_TOKEN.sub(" ", text)
 
 
+@lru_cache(maxsize=65536)  # pure
 def mention(text: str, pattern: str) -> bool | None:
     """True if `text` states `pattern`, False if it states it negated, None if it does not mention it.
 
