@@ -83,8 +83,12 @@ def test_validate_answers_in_json_when_no_row_is_usable(cli, tmp_path) -> None:
     assert doc["mape_tokens_per_gpu"] is None
     assert "micro-batch not stated (micro_batch)" in doc["skipped_by_reason"]
     assert len(doc["skipped_by_reason"]) > 5  # every reason of the row, not only its first
-    plain = cli("validate", "--data", str(path))
+    reasons = tmp_path / "why.csv"
+    plain = cli("validate", "--data", str(path), "--skipped", str(reasons))
     assert plain.returncode == 2 and plain.stdout == ""
+    lines = reasons.read_text().splitlines()
+    assert lines[0] == "row,column,reason" and len(lines) == 1 + len(doc["skipped_by_reason"])
+    assert "0,micro_batch,micro-batch not stated (micro_batch)" in lines
     assert plain.stderr.startswith("scalelab validate: data: none of 1 rows could be used")
 
 

@@ -32,6 +32,13 @@ ExplainOpt = Annotated[
         "predicted step's time by part beside the measured figure",
     ),
 ]
+SkippedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--skipped",
+        help="write every reason each row was not used here (CSV: row, column, reason)",
+    ),
+]
 CrossOpt = Annotated[
     bool,
     typer.Option(
@@ -55,6 +62,7 @@ def validate(
     rows: bool = False,
     explain: ExplainOpt = None,
     cross_validate: CrossOpt = False,
+    skipped_out: SkippedOpt = None,
 ) -> None:
     """Predict every readable measured run and report the error of tokens/s per GPU."""
     from scalelab.validate import explain as explain_row
@@ -65,6 +73,10 @@ def validate(
             print(line)
         return
     report = run_validation(data, review, with_cross_validation=cross_validate)
+    if skipped_out is not None:
+        from scalelab.validate import write_skip_reasons
+
+        write_skip_reasons(report.skipped, skipped_out)
     if json_out:
         print_json(report.to_dict(with_rows=rows))
         if report.rows_used == 0:

@@ -9,7 +9,7 @@ runs read, turned into the predictor's inputs and predicted), `stats` (statistic
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ __all__ = [
     "spearman",
     "sweep_rhos",
     "sweep_spearman",
+    "write_skip_reasons",
 ]
 
 
@@ -94,6 +95,7 @@ class ValidationReport:
     by_assumption: dict[str, Any] = field(default_factory=dict)
     rows_read: int = 0  # rows of the table (used + skipped)
     cross_validation_skipped: str | None = None  # why --cross-validate could not run
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (row, reason), every reason
 
     def to_dict(self, with_rows: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -131,7 +133,7 @@ def run_validation(
     skipped_rows = len({row for row, _ in skipped})
     by_reason = dict(Counter(reason for _, reason in skipped).most_common())
     if not cases:
-        return empty_report(skipped_rows, by_reason)
+        return replace(empty_report(skipped_rows, by_reason), skipped=skipped)
     predicted = predict_cases_full(cases)
     tps = predicted["tokens_per_s_per_gpu"]
     actual = measured(cases)
@@ -213,6 +215,7 @@ def run_validation(
         assumed_fields=dict(sorted(assumed.items(), key=lambda kv: (-kv[1], kv[0]))),
         cross_validated=cv,
         cross_validation_skipped=cv_skipped,
+        skipped=skipped,
         sweep_detail=sweep_detail,
         rows=rows_out,
         moe=moe_section() if data is None else None,
@@ -239,6 +242,22 @@ def accuracy_by_assumption(kinds: list[str], ape: np.ndarray) -> dict[str, Any]:
             "within_20_pct": float((ape[mask] <= 0.2).mean()) if rows else None,
         }
     return out
+
+
+def write_skip_reasons(skipped: list[tuple[int, str]], path: Path) -> None:
+    """Every reason each row was not used, one CSV line per reason: row, column, reason."""
+    import csv
+    import io
+
+    from scalelab.io import atomic_write_text
+    from scalelab.runs.importer import reason_field
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["row", "column", "reason"])
+    for row, reason in sorted(skipped, key=lambda rr: rr[0]):
+        writer.writerow([row, reason_field(reason), reason])
+    atomic_write_text(path, out.getvalue())
 
 
 def empty_report(rows_skipped: int, skipped_by_reason: dict[str, int]) -> ValidationReport:
