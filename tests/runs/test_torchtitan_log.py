@@ -2,7 +2,7 @@
 job config become a typed run that validate reads.
 
 The log below is written in torchtitan's own formats (not copied from a run): the metric line of
-torchtitan/components/metrics.py (MetricsProcessor.log: "step: {step:2}  loss: {loss:7.4f}
+torchtitan/components/metrics.py (pytorch/torchtitan at 00fbaafa, MetricsProcessor.log: "step: {step:2}  loss: {loss:7.4f}
 grad_norm: ...  memory: {max_reserved_gib:5.2f}GiB({pct:.2f}%)  tps: {round(tps):,}  tflops:
 {tflops:,.2f}  mfu: {mfu:.2f}%", with ANSI colours), build_device_memory_monitor's "CUDA
 capacity: ... with ...GiB memory", ParallelDims' "Building N-D device mesh with [names], [dims]"
