@@ -266,3 +266,16 @@ def test_attention_kernels(text: str, kernel: str) -> None:
 def test_attention_not_stated_or_negated() -> None:
     assert rules.read_attention("torch.compile; peak mem 80 GiB") is None
     assert rules.read_attention("without FlashAttention") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "stack"),
+    [
+        ("Megatron-Bridge 0.2", "megatron-core-te"),  # Megatron-Core with Transformer Engine
+        ("MCore r0.12", "megatron-core-te"),
+        ("Megatron-LM PTD-P", "megatron-lm-2021"),  # the 2021 paper's name for its method
+        ("Megatron-LM core_r0.9.0", None),  # a Megatron-LM of unstated era: no profile
+    ],
+)
+def test_framework_names_read_into_stack_profiles(text: str, stack: str | None) -> None:
+    assert rules.read_stack(text) == stack

@@ -297,7 +297,7 @@ def read_dgx(text: str) -> str | None:
 # text names is read; a stack no rule matches is predicted with `generic` (the default).
 _STACKS: tuple[tuple[str, str], ...] = (
     (r"\btorchtitan\b", "torchtitan"),
-    (r"\bnemo\b|\bmegatron[- ]core\b", "megatron-core-te"),
+    (r"\bnemo\b|\bmegatron[- ]core\b|\bmegatron[- ]bridge\b|\bmcore\b", "megatron-core-te"),
     (r"\bmegatron[- ]lm\b.*\b(?:2021|ptd-p)\b", "megatron-lm-2021"),
     (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
     (r"\bdeepspeed\b", "deepspeed-zero"),
