@@ -317,3 +317,10 @@ OPTIONAL_COLUMNS = {
 def test_any_cell_blank_or_unreadable_gives_reasons_never_an_error(column: str, cell: str) -> None:
     reading = read(**{column: cell})
     assert reading.run is not None or reading.reasons
+
+
+def test_a_formula_named_after_a_framework_in_the_notes_names_no_framework() -> None:
+    reading = read(notes="FlashAttention; TFLOP/s by the Megatron formula")
+    assert reading.run is not None and reading.run.stack == ""
+    named = read(notes="FlashAttention", model="Llama 2 7B (Megatron-LM)")
+    assert named.run is not None and named.run.stack == "Megatron-LM"

@@ -370,7 +370,9 @@ def _read_identity(r: _Reader, f: dict[str, Any]) -> None:
     if f["stack"]:
         r.note("stack", f["stack"], r.source_of("framework"))
     else:
-        cols = ("model", "source", "notes")
+        # The model and source cells name frameworks; notes also name formulas after them
+        # ("the Megatron formula"), which says nothing about what ran the job.
+        cols = ("model", "source")
         named = reading_rules().framework_named([r.text(c) for c in cols])
         if named is not None:
             f["stack"] = named[0]
