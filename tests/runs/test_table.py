@@ -152,6 +152,15 @@ def test_each_throughput_form_becomes_tokens_per_s_per_gpu(
     assert run.tokens_per_s_per_gpu == pytest.approx(tokens_per_s_per_gpu, rel=1e-6)
 
 
+def test_a_table_without_a_source_column_is_its_own_source() -> None:
+    table = "model,gpu_type,num_gpus,seq_len,micro_batch,global_batch_seqs,tp,pp,cp,"
+    table += "activation_checkpointing,precision,sharding,notes,tokens_per_sec_per_gpu\n"
+    table += "Llama 2 7B,H100 SXM5 (DGX H100),8,4096,1,8,1,1,1,none,bf16,FSDP,FlashAttention,3000\n"
+    (reading,) = import_rows(read_raw_csv(table))
+    assert reading.run is not None, reading.reasons
+    assert reading.run.source == "(source not stated)"
+
+
 def test_a_row_that_cannot_be_read_gives_every_reason(readings) -> None:
     reasons = readings[5].reasons
     assert readings[5].run is None

@@ -354,9 +354,11 @@ def target_tokens_per_s_per_gpu(run: Run) -> float:
 
 def _read_identity(r: _Reader, f: dict[str, Any]) -> None:
     """Source, its group label, the framework that ran the job, the model's name."""
-    f["source"] = r.text("source") or None
-    if f["source"] is None:
-        r.problem("source not stated (source)")
+    f["source"] = r.text("source")
+    if not f["source"]:
+        # Provenance, not a predictor input: a user's own table need not cite itself.
+        f["source"] = "(source not stated)"
+        r.note("source", f["source"], "no source cell: the table itself")
     group = r.text("source_group")
     f["source_group"] = group or f["source"]
     if f["source_group"]:
