@@ -190,6 +190,8 @@ def test_runs_import_and_validate_on_the_exported_table(cli, tmp_path: Path) -> 
     assert report["rows_read"] == 6 and report["rows_used"] == 5
     assert report["by_assumption"]["only_what_the_row_names"]["rows"] == 5
     assert report["by_assumption"]["nothing_assumed"]["rows"] == 0
+    rows = json.loads(cli("validate", "--data", str(table), "--json", "--rows").stdout)["rows"]
+    assert {r["assumption_kind"] for r in rows} == {"named"}
     explained = cli("validate", "--data", str(tmp_path / "typed.csv"), "--explain", "0")
     assert explained.returncode == 0, explained.stderr
     assert "step time: predicted" in explained.stdout

@@ -184,6 +184,8 @@ def run_validation(
             "predicted_fits": bool(predicted["fits"][i]),
             "predicted_memory_gib": float(predicted["memory_gib"][i]),
             "measured_peak_memory_gib": c.run.measured_peak_memory_gib,
+            # none | named (only what the row names is filled in) | assumed (anything else)
+            "assumption_kind": c.run.assumption_kind,
         }
         | (
             {"cross_validated_tokens_per_s_per_gpu": float(out_of_sample[i])}
