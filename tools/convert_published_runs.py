@@ -25,7 +25,7 @@ def main() -> None:
     runs = [r.run for r in readings if r.run is not None]
     write_runs(runs, DATA / "published_runs_typed.csv")
     write_skipped(readings, DATA / "published_runs_skipped.csv")
-    skipped = Counter(r.skipped for r in readings if r.skipped)
+    skipped = Counter(r.skipped for r in readings if r.skipped)  # every reason of a row, joined
     print(f"{len(runs)} runs written, {sum(skipped.values())} rows skipped: {dict(skipped)}")
 
 

@@ -20,7 +20,7 @@ BASE = {
     "seq_len": "4096",
     "global_batch_seqs": "64",
     "micro_batch": "1",
-    "gpu_type": "H100-SXM5-80GB (DGX H100)",
+    "gpu_type": "H100-SXM5-80GB (DGX H100, 8x400Gb/s NDR)",
     "num_gpus": "16",
     "gpus_per_node": "8",
     "tp": "1",
@@ -38,7 +38,15 @@ BASE = {
     "hfu_pct": "",
     "step_time_s": "",
     "notes": "FlashAttention",
+    # The architecture stated, so that a complete row assumes nothing (the family rule is tested
+    # without these columns in tests/runs/test_table.py).
+    "ffn": "SwiGLU",
+    "norm": "RMSNorm",
+    "position": "RoPE",
+    "bias": "no",
+    "tied_embeddings": "no",
 }
+NO_ARCH = dict.fromkeys(("ffn", "norm", "position", "bias", "tied_embeddings"), "")
 
 
 def read(**changes: str):
@@ -69,31 +77,45 @@ def test_sequence_parallel_0_keeps_it_off_and_a_seqpara_path_does_not_switch_it_
     on = read(**tp2, notes="FlashAttention; file seqpara/x.xlsx; sequence_parallel=1")
     assert on.run is not None and on.run.sequence_parallel is True
     unsaid = read(**tp2, notes="FlashAttention; file seqpara/x_sequence_parallelism.xlsx")
-    assert unsaid.skipped == "sequence parallelism not stated (tp > 1)"
+    assert unsaid.skipped == "sequence parallelism not stated (sequence_parallel; tp > 1)"
 
 
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"tp": "", "pp": ""}, "layout not stated (tp and pp)"),
-        ({"micro_batch": ""}, "micro-batch not stated"),
-        ({"global_batch_seqs": ""}, "global batch not stated"),
-        ({"vocab": ""}, "vocabulary not stated"),
-        ({"sharding": ""}, "sharding not stated"),
-        ({"activation_checkpointing": ""}, "activation checkpointing not stated"),
-        ({"notes": ""}, "attention kernel not stated"),
-        ({"gpu_type": "TPU v5p"}, "GPU not in the catalog (TPU v5p)"),
-        ({"gpu_type": "H100-SXM5-80GB", "gpus_per_node": ""}, "GPUs per node not stated"),
-        ({"gpu_type": "H100-SXM5-80GB"}, "network not stated (multi-node run)"),
+        (
+            {"tp": "", "pp": ""},
+            "tensor-parallel degree not stated (tp); pipeline-parallel degree not stated (pp)",
+        ),
+        ({"micro_batch": ""}, "micro-batch not stated (micro_batch)"),
+        (
+            {"global_batch_seqs": ""},
+            "global batch not stated (global_batch_seqs; or a step time with a throughput)",
+        ),
+        ({"vocab": "", "model": "Custom 7B"}, "vocabulary not stated (vocab)"),
+        ({"sharding": ""}, "sharding not stated (sharding)"),
+        (
+            {"activation_checkpointing": ""},
+            "activation checkpointing not stated (activation_checkpointing)",
+        ),
+        ({"notes": ""}, "attention kernel not stated (attention, or kernel= in the notes)"),
+        ({"gpu_type": "TPU v5p"}, "GPU not in the catalog (TPU v5p) (gpu_type)"),
+        (
+            {"gpu_type": "MI300X", "gpus_per_node": ""},
+            "GPUs per node not stated (gpus_per_node; or name the system or GPU part)",
+        ),
+        ({"gpu_type": "MI300X"}, "network not stated (network; a multi-node run)"),
         ({"dp": "4"}, "degrees do not multiply to the GPU count (1x1x1x4 != 16)"),
         (
             {"tokens_per_sec_per_gpu": ""},
-            "no throughput to compare (tokens/s, step time x global batch, MFU or TFLOP/s with its formula)",
+            "no throughput to compare (tokens/s per GPU or of the job, step time x global batch, "
+            "MFU with its peak or TFLOP/s, each with its FLOP formula)",
         ),
         (
-            {"model": "Mamba 7B"},
-            "model family not recognised from the name (LLaMA, MPT, GPT, Nemotron)",
+            {"tokens_per_sec_per_gpu": "", "mfu_pct": "50"},
+            "MFU without its FLOP formula (flop_formula, e.g. 6N+12LHQT)",
         ),
+        ({"precision": "mixed (16-bit)"}, "precision not readable (precision = 'mixed (16-bit)')"),
     ],
 )
 def test_what_a_row_does_not_state_is_skipped_with_the_reason(changes: dict, reason: str) -> None:
@@ -102,8 +124,28 @@ def test_what_a_row_does_not_state_is_skipped_with_the_reason(changes: dict, rea
     assert reading.skipped == reason
 
 
+def test_an_unknown_family_without_architecture_cells_names_what_to_state() -> None:
+    reading = read(model="Mamba 7B", **NO_ARCH)
+    assert reading.run is None and reading.skipped is not None
+    assert reading.skipped.startswith("model family not recognised from the name 'Mamba 7B' (state")
+    assert "Llama 3" in reading.skipped and "GPT-3-style" in reading.skipped
+
+
+def test_a_skipped_row_lists_every_reason_not_only_the_first() -> None:
+    reading = read(
+        micro_batch="", sharding="", activation_checkpointing="", tokens_per_sec_per_gpu=""
+    )
+    assert reading.run is None
+    assert [reason.split(" (")[0] for reason in reading.reasons] == [
+        "micro-batch not stated",
+        "sharding not stated",
+        "activation checkpointing not stated",
+        "no throughput to compare",
+    ]
+
+
 def test_a_single_node_run_needs_no_network() -> None:
-    reading = read(gpu_type="H100-SXM5-80GB", num_gpus="8", dp="8")
+    reading = read(gpu_type="MI300X", num_gpus="8", dp="8")
     assert reading.run is not None
     assert any("single node" in how for f, _, how in reading.how if f == "network")
 
@@ -161,12 +203,11 @@ def test_tflops_with_the_megatron_formula() -> None:
 def test_megatron_stack_without_a_sharding_is_the_distributed_optimizer_and_is_marked_assumed() -> (
     None
 ):
-    run = read(sharding="", framework="Megatron-Core 0.8").run
+    run = read(sharding="", framework="a Megatron-based trainer").run
     assert run is not None and run.sharding == "zero1"
     assert "sharding" in run.assumed_fields
     assert (
-        read(sharding="", framework="not Megatron: a custom trainer").skipped
-        == "sharding not stated"
+        read(sharding="", framework="a custom trainer").skipped == "sharding not stated (sharding)"
     )
 
 
@@ -208,7 +249,7 @@ def test_review_sheet_fills_only_empty_cells_and_records_assumptions() -> None:
 
 def test_explain_lists_every_field_and_the_verdict() -> None:
     lines = read(sharding="").explain()
-    assert lines[-1] == "  SKIPPED: sharding not stated"
+    assert lines[-2:] == ["  SKIPPED (1 reasons):", "    - sharding not stated (sharding)"]
     lines = read().explain()
     assert any(line.startswith("  -> sharding = fsdp") for line in lines)
     assert lines[-1] == "  used"
@@ -228,3 +269,58 @@ def test_a_review_sheet_cross_entropy_is_read_and_an_unknown_one_skips_the_row()
     assert eager.run is not None and eager.run.cross_entropy is None
     bad = read_review("where,column,value,kind,reason\nsource~somewhere,cross_entropy,x,stated,y\n")
     assert read_row(0, BASE, bad).skipped == "unreadable cross_entropy ('x')"
+
+
+def test_a_review_sheet_replaces_an_unreadable_cell_and_states_an_architecture() -> None:
+    review = read_review(
+        "where,column,value,kind,reason,replace\n"
+        "precision~^mixed \\(16-bit\\)$,precision,fp16,stated,the paper's setup says fp16,true\n"
+        "model~Custom,ffn,swiglu,stated,the model card,\n"
+        "model~Custom,norm,rmsnorm,stated,the model card,\n"
+        "model~Custom,position,rope,stated,the model card,\n"
+        "model~Custom,bias,false,stated,the model card,\n"
+        "model~Custom,tied_embeddings,false,stated,the model card,\n"
+    )
+    row = {**BASE, **NO_ARCH, "model": "Custom 7B", "precision": "mixed (16-bit)"}
+    assert read_row(0, row).run is None
+    reading = read_row(0, row, review)
+    assert reading.run is not None and reading.run.precision == "fp16"
+    assert reading.run.ffn == "swiglu" and reading.run.assumed == ""
+    assert any("in place of 'mixed (16-bit)'" in how for _, _, how in reading.how)
+
+
+def test_a_frameworks_fp8_default_and_a_gpu_without_flash_attention() -> None:
+    run = read(precision="amp_fp8", framework="llm-foundry").run
+    assert run is not None and run.precision == "fp8-delayed"
+    assert "precision" in run.assumed_fields and run.assumption_kind == "named"
+    assert (
+        read(precision="amp_fp8").skipped == "fp8 scaling recipe not stated (precision = 'amp_fp8')"
+    )
+    v100 = read(
+        gpu_type="V100-SXM2-32GB", notes="", framework="Megatron-LM", num_gpus="8", dp="8"
+    ).run
+    assert v100 is not None and v100.attention == "fused"
+    on_a100 = read(
+        gpu_type="A100-SXM4-80GB", notes="", framework="Megatron-LM", num_gpus="8", dp="8"
+    )
+    assert on_a100.skipped == "attention kernel not stated (attention, or kernel= in the notes)"
+
+
+OPTIONAL_COLUMNS = {
+    "framework", "source_group", "network", "sequence_parallel", "attention", "fp8_scaling",
+    "norm_kernel", "cross_entropy", "peak_tflops", "flop_formula", "hsdp_shard_size", "pp_schedule",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("column", sorted(set(BASE) | OPTIONAL_COLUMNS))
+@pytest.mark.parametrize("cell", ["", "??", "-3", "1e999"])
+def test_any_cell_blank_or_unreadable_gives_reasons_never_an_error(column: str, cell: str) -> None:
+    reading = read(**{column: cell})
+    assert reading.run is not None or reading.reasons
+
+
+def test_a_formula_named_after_a_framework_in_the_notes_names_no_framework() -> None:
+    reading = read(notes="FlashAttention; TFLOP/s by the Megatron formula")
+    assert reading.run is not None and reading.run.stack == ""
+    named = read(notes="FlashAttention", model="Llama 2 7B (Megatron-LM)")
+    assert named.run is not None and named.run.stack == "Megatron-LM"

@@ -139,6 +139,10 @@ def test_sharding_not_stated_is_none() -> None:
         ("NVFP4", "", "nvfp4"),
         ("fp8 (Transformer Engine)", "", "fp8-delayed"),
         ("bf16 + fp8 linears", "tensorwise", "fp8-tensorwise"),
+        ("FP8-MX", "", "mxfp8"),
+        ("FP8-CS", "", "fp8-tensorwise"),  # current scaling: per-tensor, dynamic
+        ("FP8-DS", "", "fp8-delayed"),
+        ("amp_fp8", "delayed", "fp8-delayed"),
     ],
 )
 def test_precision_recipes(text: str, scaling: str, recipe: str) -> None:
@@ -150,6 +154,8 @@ def test_precision_recipes(text: str, scaling: str, recipe: str) -> None:
     ("text", "reason"),
     [
         ("bf16 + fp8 linears", "fp8 scaling recipe not stated"),
+        ("amp_fp8", "fp8 scaling recipe not stated"),
+        ("mixed (16-bit)", "precision not readable"),
         ("fp32", "precision fp32/tf32 not modelled by the predictor"),
         ("", "precision not stated"),
     ],
@@ -260,3 +266,16 @@ def test_attention_kernels(text: str, kernel: str) -> None:
 def test_attention_not_stated_or_negated() -> None:
     assert rules.read_attention("torch.compile; peak mem 80 GiB") is None
     assert rules.read_attention("without FlashAttention") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "stack"),
+    [
+        ("Megatron-Bridge 0.2", "megatron-core-te"),  # Megatron-Core with Transformer Engine
+        ("MCore r0.12", "megatron-core-te"),
+        ("Megatron-LM PTD-P", "megatron-lm-2021"),  # the 2021 paper's name for its method
+        ("Megatron-LM core_r0.9.0", None),  # a Megatron-LM of unstated era: no profile
+    ],
+)
+def test_framework_names_read_into_stack_profiles(text: str, stack: str | None) -> None:
+    assert rules.read_stack(text) == stack

@@ -66,9 +66,30 @@ def test_validate_skips_rows_it_cannot_read_with_a_reason(cli, tmp_path) -> None
     assert doc["rows_used"] == 1
     assert doc["rows_skipped"] == 2
     assert set(doc["skipped_by_reason"]) == {
-        "GPU not in the catalog (TPU v5p)",
-        "no throughput to compare (tokens/s, step time x global batch, MFU or TFLOP/s with its formula)",
+        "GPU not in the catalog (TPU v5p) (gpu_type)",
+        "no throughput to compare (tokens/s per GPU or of the job, step time x global batch, "
+        "MFU with its peak or TFLOP/s, each with its FLOP formula)",
     }
+    assert doc["by_assumption"]["all"]["rows"] == 1
+
+
+def test_validate_answers_in_json_when_no_row_is_usable(cli, tmp_path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text("model,gpu_type,num_gpus\nLlama 2 7B,H100-SXM5-80GB,8\n")
+    r = cli("validate", "--data", str(path), "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    assert doc["rows_read"] == 1 and doc["rows_used"] == 0 and doc["rows_skipped"] == 1
+    assert doc["mape_tokens_per_gpu"] is None
+    assert "micro-batch not stated (micro_batch)" in doc["skipped_by_reason"]
+    assert len(doc["skipped_by_reason"]) > 5  # every reason of the row, not only its first
+    reasons = tmp_path / "why.csv"
+    plain = cli("validate", "--data", str(path), "--skipped", str(reasons))
+    assert plain.returncode == 2 and plain.stdout == ""
+    lines = reasons.read_text().splitlines()
+    assert lines[0] == "row,column,reason" and len(lines) == 1 + len(doc["skipped_by_reason"])
+    assert "0,micro_batch,micro-batch not stated (micro_batch)" in lines
+    assert plain.stderr.startswith("scalelab validate: data: none of 1 rows could be used")
 
 
 def test_validate_refuses_a_csv_of_another_schema(cli, tmp_path) -> None:
@@ -85,7 +106,8 @@ def test_explain_prints_how_a_row_was_read(cli) -> None:
     assert "-> sharding = zero1" in r.stdout and "ASSUMED" in r.stdout
     assert "predicted" in r.stdout
     skipped = cli("validate", "--explain", "22")
-    assert "SKIPPED: micro-batch not stated" in skipped.stdout
+    assert "    - micro-batch not stated (micro_batch)" in skipped.stdout
+    assert "step time: predicted" in r.stdout and "compute" in r.stdout
     bad = cli("validate", "--explain", "100000")
     assert bad.returncode == 2 and bad.stderr.startswith("scalelab: error: row:")
 
@@ -125,3 +147,19 @@ def test_explain_gives_a_memory_verdict_resting_on_unstated_values_as_unknown(cl
     assert r.returncode == 0, r.stderr
     assert "memory verdict unknown (" in r.stdout and "recompute not stated" in r.stdout
     assert "predicted NOT to fit" not in r.stdout
+
+
+def test_cross_validation_of_one_source_group_says_why_it_cannot_run(cli, tmp_path) -> None:
+    header = (
+        "source,model,layers,hidden_size,heads,kv_heads,ffn_size,vocab,seq_len,global_batch_seqs,"
+        "micro_batch,gpu_type,num_gpus,gpus_per_node,tp,pp,dp,cp,sharding,"
+        "activation_checkpointing,precision,tokens_per_sec_per_gpu,notes\n"
+    )
+    row = "a,Llama 2 7B,32,4096,32,32,11008,32000,4096,16,1,H100-SXM5-80GB,8,8,1,1,8,1,FSDP,none,bf16,3000,FlashAttention\n"
+    path = tmp_path / "runs.csv"
+    path.write_text(header + row)
+    r = cli("validate", "--data", str(path), "--json", "--cross-validate")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "cross_validated" not in doc
+    assert doc["cross_validation_skipped"].startswith("leave-one-source-out needs")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,7 +26,18 @@ ReviewOpt = Annotated[
 ]
 ExplainOpt = Annotated[
     int | None,
-    typer.Option("--explain", help="print how raw row N (0-based) was read, and its prediction"),
+    typer.Option(
+        "--explain",
+        help="print how row N (0-based; raw or typed file) was read, its prediction and the "
+        "predicted step's time by part beside the measured figure",
+    ),
+]
+SkippedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--skipped",
+        help="write every reason each row was not used here (CSV: row, column, reason)",
+    ),
 ]
 CrossOpt = Annotated[
     bool,
@@ -50,20 +62,43 @@ def validate(
     rows: bool = False,
     explain: ExplainOpt = None,
     cross_validate: CrossOpt = False,
+    skipped_out: SkippedOpt = None,
 ) -> None:
     """Predict every readable measured run and report the error of tokens/s per GPU."""
     from scalelab.validate import explain as explain_row
     from scalelab.validate import run_validation
 
     only_with("--review", review is not None, "--data", data is not None)
+    if skipped_out is not None:
+        from scalelab.io import refuse_clobber
+
+        refuse_clobber({"skipped": skipped_out}, {"data": data, "review": review})
     if explain is not None:
         for line in explain_row(explain, data, review):
             safe_print(line)
         return
     report = run_validation(data, review, with_cross_validation=cross_validate)
+    if skipped_out is not None:
+        from scalelab.validate import write_skip_reasons
+
+        write_skip_reasons(report.skipped, skipped_out)
     if json_out:
         print_json(report.to_dict(with_rows=rows))
+        if report.rows_used == 0:
+            raise SystemExit(2)
         return
+    if report.rows_used == 0:
+        if not report.rows_read:
+            why = "the table has no rows"
+        else:
+            top = list(report.skipped_by_reason.items())[:5]
+            why = (
+                f"none of {report.rows_read} rows could be used ("
+                + "; ".join(f"{reason}: {n}" for reason, n in top)
+                + "; all reasons: --json, or scalelab runs import --skipped FILE)"
+            )
+        print(f"scalelab validate: data: {why}", file=sys.stderr)
+        raise SystemExit(2)
     cv = report.cross_validated
     table = Table(title=f"predicted vs measured tokens/s per GPU ({report.rows_used} runs)")
     columns = ["source", "runs", "MAPE in-sample", "median bias"]
@@ -87,6 +122,21 @@ def validate(
         total += [f"[bold]{_pct(cv['mape_tokens_per_gpu'])}[/]", ""]
     table.add_row(*total)
     console.print(table)
+    if report.cross_validation_skipped:
+        console.print(f"not cross-validated: {report.cross_validation_skipped}")
+    groups = report.by_assumption
+    labels = {
+        "all": "all rows",
+        "only_what_the_row_names": "rows assuming only what they name",
+        "nothing_assumed": "rows with nothing assumed",
+    }
+    console.print(
+        "; ".join(
+            f"{label}: {groups[key]['rows']} runs, MAPE {_pct(groups[key]['mape_tokens_per_gpu'])}"
+            for key, label in labels.items()
+            if key in groups
+        )
+    )
     rho = report.median_spearman
     console.print(
         f"runs within ±20 %: {report.within_20_pct * 100:.0f} %; median Spearman ρ of layouts within "

@@ -9,6 +9,7 @@ None when the text does not say. docs/runs.md lists the rules with examples.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # Numbers ---------------------------------------------------------------------------------------
 
@@ -65,12 +66,14 @@ _FILE_TOKEN = re.compile(
 )
 
 
+@lru_cache(maxsize=8192)  # pure; the importer asks about the same notes many times
 def strip_paths(text: str) -> str:
     """Remove file names and paths ('seqpara/llama_13B.xlsx', 'configs/'): words inside them are
     not statements about the run. 'Gb/s' or 'triton/flash' are not paths (no '_', '.' or end '/')."""
     return _FILE_TOKEN.sub(" ", text)
 
 
+@lru_cache(maxsize=65536)  # pure
 def mention(text: str, pattern: str) -> bool | None:
     """True if `text` states `pattern`, False if it states it negated, None if it does not mention it.
 
@@ -160,13 +163,15 @@ def read_precision(text: str, fp8_scaling: str = "") -> tuple[str, str] | str:
         return "precision not stated"
     if mention(t, r"nvfp4|\bfp4\b"):
         return "nvfp4", "NVFP4"
-    if mention(t, r"\bmxfp8\b|\bmx[\s_-]?fp8\b"):
+    if mention(t, r"\bmxfp8\b|\bmx[\s_-]?fp8\b|\bfp8[\s_-]mx\b"):
         return "mxfp8", "MXFP8 (32-element block scales)"
-    if mention(t, r"\bfp8\b|\bfloat8\b|\bfp8_"):
+    if mention(t, r"\bfp8\b|\bfloat8\b|\bfp8_|\bamp_fp8\b"):
         scaling = f"{t} {fp8_scaling}"
-        if mention(scaling, r"\bdelayed\b"):
+        if mention(scaling, r"\bdelayed\b|\bfp8[\s_-]ds\b"):
             return "fp8-delayed", "fp8 with delayed scaling"
-        if mention(scaling, r"tensor[\s_-]?wise|per[\s_-]tensor"):
+        if mention(
+            scaling, r"tensor[\s_-]?wise|per[\s_-]tensor|current[\s_-]scaling|\bfp8[\s_-]cs\b"
+        ):
             return "fp8-tensorwise", "fp8 with per-tensor (dynamic) scaling"
         if mention(scaling, r"block[\s_-]?wise|row[\s_-]?wise|per[\s_-]row|1x128|128x128"):
             return "fp8-blockwise", "fp8 with block scales (a row is a block of one row)"
@@ -292,8 +297,8 @@ def read_dgx(text: str) -> str | None:
 # text names is read; a stack no rule matches is predicted with `generic` (the default).
 _STACKS: tuple[tuple[str, str], ...] = (
     (r"\btorchtitan\b", "torchtitan"),
-    (r"\bnemo\b|\bmegatron[- ]core\b", "megatron-core-te"),
-    (r"\bmegatron[- ]lm\b.*\b2021\b", "megatron-lm-2021"),
+    (r"\bnemo\b|\bmegatron[- ]core\b|\bmegatron[- ]bridge\b|\bmcore\b", "megatron-core-te"),
+    (r"\bmegatron[- ]lm\b.*\b(?:2021|ptd-p)\b", "megatron-lm-2021"),
     (r"\bcomposer\b|\bllm[- ]foundry\b", "composer"),
     (r"\bdeepspeed\b", "deepspeed-zero"),
     (r"\baleph alpha\b", "aleph-alpha-scaling"),

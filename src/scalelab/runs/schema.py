@@ -27,6 +27,9 @@ from scalelab.io import csv_records
 
 SCHEMA_VERSION = 1
 
+# Ends an `assumed` entry that follows from what the row names (scalelab.runs.knowledge's data).
+NAMED_TAG = "(reading rules)"
+
 
 class PrecisionRecipe(StrEnum):
     """The numeric recipe of the run's matrix multiplies, as the source states it."""
@@ -185,7 +188,26 @@ class Run(BaseModel):
 
     @property
     def assumed_fields(self) -> list[str]:
-        return [a.split(":", 1)[0].strip() for a in self.assumed.split(" | ") if a.strip()]
+        """Every field an assumption sets ('ffn, norm: ...' sets two)."""
+        heads = [a.split(":", 1)[0] for a in self.assumed.split(" | ") if a.strip()]
+        return [name.strip() for head in heads for name in head.split(",") if name.strip()]
+
+    @property
+    def assumed_beyond_named(self) -> list[str]:
+        """The fields of assumptions that do not follow from what the row names."""
+        entries = [a for a in self.assumed.split(" | ") if a.strip()]
+        heads = [a.split(":", 1)[0] for a in entries if not a.rstrip().endswith(NAMED_TAG)]
+        return [name.strip() for head in heads for name in head.split(",") if name.strip()]
+
+    @property
+    def assumption_kind(self) -> Literal["none", "named", "assumed"]:
+        """'none': the row states every value; 'named': what it does not state follows from what
+        it names (a model family and size, a system, a framework's default; each entry ends with
+        the reading rules' tag); 'assumed': some other assumption (a review sheet's, a convention)."""
+        entries = [a for a in self.assumed.split(" | ") if a.strip()]
+        if not entries:
+            return "none"
+        return "named" if all(a.rstrip().endswith(NAMED_TAG) for a in entries) else "assumed"
 
     def model_spec(self) -> ModelSpec:
         return ModelSpec(

@@ -30,7 +30,7 @@ from scalelab.config.stack import StackSpec
 from scalelab.errors import InputError
 from scalelab.io import read_user_text
 from scalelab.perf.predict import predict
-from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review
+from scalelab.runs.importer import Reading, import_rows, read_raw_csv, read_review, read_table
 from scalelab.runs.rules import read_stack
 from scalelab.runs.schema import MoERun, Run, is_typed_header, read_runs
 
@@ -101,7 +101,8 @@ def memory_unstated(case: RunCase) -> list[str]:
     it leaves to an assumption, and a framework without a stack profile (whose loss and
     checkpointing the generic stack then assumes). Empty when the verdict rests on the run."""
     run = case.run
-    reasons = [f"{name} not stated" for name in run.assumed_fields if name in MEMORY_INPUTS]
+    # What follows from what the row names (a family's architecture) is known, not guessed.
+    reasons = [f"{name} not stated" for name in run.assumed_beyond_named if name in MEMORY_INPUTS]
     if read_stack(run.stack) is None:
         named = f"framework {run.stack!r}" if run.stack else "no framework stated"
         reasons.append(f"{named}: no stack profile, the generic stack's loss is assumed")
@@ -127,10 +128,18 @@ def shipped_readings() -> list[Reading]:
     )
 
 
+def is_typed_text(text: str) -> bool:
+    """A typed runs file (its first column is schema_version), in any CSV dialect."""
+    if not text.strip():
+        return False
+    header, _ = read_table(text.split("\n", 1)[0], "data")
+    return is_typed_header(header)
+
+
 def load_runs(
     data: Path | None = None, review: Path | None = None
 ) -> tuple[list[Run], list[tuple[int, str]]]:
-    """Runs and the (row, reason) of every row that could not be read.
+    """Runs and (row, reason) for every reason a row could not be read (a row may give several).
 
     No `data`: the shipped typed file and the skips recorded beside it. A typed file (first column
     schema_version) is read as it is; any other CSV goes through the importer (with `review`).
@@ -140,13 +149,14 @@ def load_runs(
         records = csv.DictReader(io.StringIO(_package_text(SKIPPED_DATA)))
         return runs, [(int(r["row"]), r["reason"]) for r in records]
     text = read_user_text("data", data)
-    first = text.splitlines()[0] if text.strip() else ""
-    if is_typed_header(first.split(",")):
-        return read_runs(text, "data"), []
+    if is_typed_text(text):
+        return read_runs(text.removeprefix("\ufeff"), "data"), []
+    if review is not None and not review.is_file():
+        raise InputError("review", f"no such file: {review}")
     entries = read_review(read_user_text("review", review)) if review else []
     readings = import_rows(read_raw_csv(text), entries)
     runs = [r.run for r in readings if r.run is not None]
-    return runs, [(r.row, r.skipped) for r in readings if r.skipped]
+    return runs, [(r.row, reason) for r in readings for reason in r.reasons]
 
 
 def load_moe_cases() -> tuple[list[RunCase], list[tuple[int, str]]]:
