@@ -415,7 +415,9 @@ def _masks(
     space: LayoutTable, model: ModelSpec, cluster: ClusterSpec, stack: StackSpec
 ) -> dict[str, np.ndarray]:
     """Every reason a layout is invalid: the layout rules, then what the stack does not offer."""
-    return violation_masks(space, model, cluster) | stack.violation_masks(space)
+    return violation_masks(space, model, cluster) | stack.violation_masks(
+        space, model, cluster.gpus_per_node
+    )
 
 
 def _evaluate(

@@ -775,7 +775,7 @@ def predict_layout(
     with every field and the assumptions."""
     stack = stack or load_stack()
     check(layout, model, cluster)
-    stack.check(layout)
+    stack.check(layout, model, cluster.gpus_per_node)
     row = predict(model, cluster, LayoutTable.from_layouts([layout]), stack).row(0)
     return {
         "model": model.name,
