@@ -287,6 +287,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         ("tokens/s per GPU", "tokens_per_s_per_gpu", 1.0, 0, False),
         ("MFU", "mfu", 100.0, 1, True),
         ("HFU", "hfu", 100.0, 1, True),
+        ("model TFLOP/s per GPU (6N + attention)", "model_tflops_per_gpu", 1.0, 2, False),
         ("peak CUDA allocated (GiB)", "memory_peak_allocated_bytes", 2**-30, 2, False),
         ("peak RSS (GiB)", "memory_peak_rss_bytes", 2**-30, 2, False),
         ("GPU power per GPU (W)", "power_w_per_gpu", 1.0, 0, False),
