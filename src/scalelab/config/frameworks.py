@@ -51,6 +51,7 @@ class Ingested:
     model: ModelSpec
     layout: Layout
     defaults: dict[str, str] = field(default_factory=dict)
+    gpus_per_node: int | None = None  # the launcher's processes per node, where it says
 
 
 # Spelling of schedules and recompute values ---------------------------------------------------
@@ -146,6 +147,11 @@ def _int(key: str, value: str | bool | int) -> int:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise InputError(key, f"'{value}' is not an integer") from None
+
+
+def _per_node(options: dict[str, str | bool]) -> int | None:
+    nproc = options.get("nproc_per_node", options.get("nproc-per-node"))
+    return None if nproc is None or nproc is True else _int("nproc_per_node", nproc)
 
 
 def _gpus_from_launcher(options: dict[str, str | bool]) -> int | None:
@@ -471,7 +477,7 @@ def _read_titan_args(text: str, gpus: int | None, model: ModelSpec | None) -> In
             values["activation_checkpoint"] = token.split(":", 1)[1]
     defaults: dict[str, str] = {}
     layout = _titan_layout(values, model, gpus, defaults)
-    return Ingested("torchtitan", model, layout, defaults)
+    return Ingested("torchtitan", model, layout, defaults, _per_node(options))
 
 
 def _read_titan_toml(data: dict[str, Any], gpus: int | None, model: ModelSpec | None) -> Ingested:
@@ -707,7 +713,8 @@ def _read_megatron(text: str, gpus: int | None, model: ModelSpec | None) -> Inge
         )
     except ValueError as exc:
         raise InputError("from", f"the arguments give no valid layout: {exc}") from None
-    return Ingested("megatron", model, layout, defaults)
+    per_node = _per_node({k.replace("-", "_"): v for k, v in options.items()})
+    return Ingested("megatron", model, layout, defaults, per_node)
 
 
 # scalelab bench ---------------------------------------------------------------------------------
@@ -772,7 +779,8 @@ def read_bench(text: str, gpus: int | None, model: ModelSpec | None) -> Ingested
         layout = Layout(**values)
     except ValueError as exc:
         raise InputError("from", f"the bench line gives no valid layout: {exc}") from None
-    return Ingested("scalelab bench", model, layout, {})
+    per_node = _per_node({k.replace("-", "_"): v for k, v in options.items()})
+    return Ingested("scalelab bench", model, layout, {}, per_node)
 
 
 # Dispatch ---------------------------------------------------------------------------------------
