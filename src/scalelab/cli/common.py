@@ -217,8 +217,10 @@ def build_constraints(**values: Any) -> Constraints:
         if types[field] is str:
             kwargs[field] = parse_option(field, text).value if field in OPTIONS else text
         elif field in OPTIONS:
-            words = ",".join(parse_option(field, w).value for w in text.split(",") if w.strip())
-            kwargs[field] = _word_list(flag, words or text, OPTIONS[field].names())
+            from scalelab.config.frameworks import canonical_option
+
+            words = [canonical_option(field, w).lower() for w in text.split(",") if w.strip()]
+            kwargs[field] = _word_list(flag, ",".join(words) or text, OPTIONS[field].names())
         elif Layout.model_fields[field].annotation is bool:
             words = _word_list(flag, text.lower(), ("true", "false"))
             kwargs[field] = [w == "true" for w in words]
