@@ -160,7 +160,10 @@ def test_torchtitan_parses_the_emitted_arguments() -> None:
     manager = _torchtitan_config_manager()
     import shlex
 
-    for model, gpus, batch, stack in ROUND_TRIP[:9]:
+    # llama3_405b's config converts to Float8, which torchtitan validates against the GPU
+    # ("float8 is only supported on NVIDIA SM89 or later"): not checkable on a CPU.
+    cases = [c for c in ROUND_TRIP if c[3] == "torchtitan" and c[0] != "llama3-405b"]
+    for model, gpus, batch, stack in cases:
         layout, _ = _best(model, gpus, batch, stack)
         text = emit("torchtitan", layout, load_model(model), 8)
         tokens = shlex.split(text.replace("\\\n", " "), comments=True)
@@ -184,7 +187,7 @@ def test_every_layout_ranked_for_torchtitan_is_one_bench_accepts() -> None:
     count = 0
     for gpus in (1, 2, 4, 8, 16, 32, 64):
         for batch_per_gpu in (1, 2, 4, 8):
-            for seq in (64, 128, 256):
+            for seq in (32, 64, 128, 256):
                 for cluster in ("h100-ib", "a100-ib"):
                     c = load_cluster(cluster)
                     result = search(
@@ -230,11 +233,15 @@ def test_predict_of_a_layout_that_does_not_fit_says_so_first(cli) -> None:
     doc = json.loads(j.stdout)
     assert doc["fits"] is False and doc["memory_needed_gib"] > doc["memory_available_gib"]
     assert "DOES NOT FIT" in j.stderr
-    assert doc["model_tflops_per_gpu"] == pytest.approx(
-        spec_flops := load_model("llama3-70b").model_flops_per_token(8192)
-        * doc["tokens_per_s_per_gpu"]
-        / 1e12
-    ) and spec_flops > 0
+    assert (
+        doc["model_tflops_per_gpu"]
+        == pytest.approx(
+            spec_flops := load_model("llama3-70b").model_flops_per_token(8192)
+            * doc["tokens_per_s_per_gpu"]
+            / 1e12
+        )
+        and spec_flops > 0
+    )
 
 
 def test_search_emit_then_bench_dry_run(cli, tmp_path: Path) -> None:

@@ -214,7 +214,7 @@ def bench(
         built = ingested.layout
         if not worker and built.gpus != gpus:
             gpus = built.gpus
-            per_node = min(gpus, ingested.gpus_per_node or gpus)
+            per_node = nproc_per_node = min(gpus, ingested.gpus_per_node or gpus)
     else:
         seq_len = layout.pop("seq_len", None)
         seq_len = spec.seq_len if seq_len is None else seq_len

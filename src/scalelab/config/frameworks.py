@@ -271,6 +271,10 @@ def _titan_values(layout: Layout, model: ModelSpec, gpus_per_node: int) -> dict[
         local = layout.micro_batch * layout.n_microbatches
     else:
         local = layout.micro_batch
+    if layout.pp > 1:
+        # torchtitan 0.3's Trainer.Config refuses pipelines with CUDA graphs on (trainer.py:
+        # "CUDA graphs do not support pipeline parallelism yet. Set --training.disable_cuda_graphs").
+        values["training.disable_cuda_graphs"] = True
     values["training.local_batch_size"] = local
     values["training.global_batch_size"] = layout.global_batch
     values["training.seq_len"] = layout.seq_len
@@ -451,6 +455,10 @@ def _titan_model_of(module: str, config: str | None, flavor: str | None) -> Mode
     )
 
 
+# torchtitan keys that change nothing scalelab models (read and left aside).
+_NOT_LAYOUT = ("disable_cuda_graphs", "steps", "max_norm", "enable_async_tensor_parallel")
+
+
 def _read_titan_args(text: str, gpus: int | None, model: ModelSpec | None) -> Ingested:
     options, positional = _options(_tokens(text))
     launched = _gpus_from_launcher(options)
@@ -462,6 +470,7 @@ def _read_titan_args(text: str, gpus: int | None, model: ModelSpec | None) -> In
         model = _titan_model_of(module, config, None)
     values: dict[str, Any] = {}
     known = set(_data()["torchtitan"]["defaults"]) | {"pipeline_parallel_layers_per_stage"}
+    known |= set(_NOT_LAYOUT)
     for key, value in options.items():
         section, _, name = key.replace("-", "_").partition(".")
         if section not in ("parallelism", "training"):
@@ -486,6 +495,7 @@ def _read_titan_toml(data: dict[str, Any], gpus: int | None, model: ModelSpec | 
         model = _titan_model_of(str(spec.get("name")), None, str(spec.get("flavor")))
     values: dict[str, Any] = {}
     known = set(_data()["torchtitan"]["defaults"]) | {"pipeline_parallel_layers_per_stage"}
+    known |= set(_NOT_LAYOUT)
     for section in ("parallelism", "training"):
         for name, value in data.get(section, {}).items():
             if name in known:
