@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from scalelab.config.catalog import load_cluster, load_model, load_stack
-from scalelab.config.frameworks import TARGETS, canonical_option, emit, read_config
+from scalelab.config.frameworks import canonical_option, emit, read_config
 from scalelab.config.layout import Layout
 from scalelab.errors import InputError
 from scalelab.measure.config import check_layout
@@ -148,10 +148,9 @@ def test_megatron_arguments_are_megatrons_own() -> None:
 def _torchtitan_config_manager():  # pragma: no cover - depends on the environment
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            from torchtitan.config import ConfigManager
-
             import torchtitan.models.llama3.config_registry  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means: cannot check here
+            from torchtitan.config import ConfigManager
+    except Exception as exc:  # any import failure means: cannot check here
         pytest.skip(f"torchtitan does not import here: {type(exc).__name__}: {exc}")
     return ConfigManager
 
