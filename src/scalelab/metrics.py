@@ -37,6 +37,7 @@ METRICS: tuple[Metric, ...] = (
     _M("tokens_per_s_per_gpu", "tokens/s", "per_gpu", "tokens_per_s divided by the GPU count"),
     _M("mfu", "fraction", "job", "model FLOPs utilisation: model FLOPs/s over GPUs x dense peak at the training precision (config.model.model_flops_per_token)"),
     _M("hfu", "fraction", "job", "hardware FLOPs utilisation: as mfu, counting recomputed FLOPs (config.model.hardware_flops_per_token)"),
+    _M("model_tflops_per_gpu", "TFLOP/s", "per_gpu", "model TFLOP/s per GPU: tokens/s per GPU x scalelab's model FLOPs per token, 6N + attention (config.model.model_flops_per_token, as mfu uses), / 1e12; the figure NeMo/Megatron tables and torchtitan's logs give"),
     # Where the step goes (one rank's critical path).
     _M("compute_s", "s", "per_gpu", "time the compute stream is busy per step, without the TP and CP communication on it"),
     _M("exposed_comm_s", "s", "per_gpu", "time per step when communication runs and no compute runs"),

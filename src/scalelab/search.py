@@ -48,6 +48,8 @@ _OBJECTIVE_FIELD = {
     "tokens-per-joule": "tokens_per_j",
     "mfu": "mfu",
 }
+# How many of an answer's equivalent layouts each top row lists (their count is always given).
+MAX_EQUIVALENT_LISTED = 8
 _SCHEDULE_OPTIONS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4), ("zbv", 2))
 
 
@@ -85,6 +87,8 @@ class SearchResult:
     invalid_by_reason: dict[str, int]
     not_fitting: int
     ranked: int
+    distinct_answers: int
+    tie_breaks: list[str]
     top: list[dict[str, Any]]
     baseline: dict[str, Any] | None
     explanation: list[str]
@@ -295,6 +299,7 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
         "tokens_per_s_per_gpu",
         "mfu",
         "hfu",
+        "model_tflops_per_gpu",
         "exposed_comm_s",
         "exposed_comm_fraction",
         "dp_all_gather_exposed_s",
@@ -307,6 +312,7 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
         "recompute_s",
         "compute_s",
         "memory_total_bytes",
+        "memory_capacity_bytes",
         "power_w_per_gpu",
         "energy_per_token_j",
         "tokens_per_j",
@@ -314,7 +320,78 @@ def summarise(layout: Layout, pred: Prediction, i: int) -> dict[str, Any]:
         "dp_shard",
         "n_microbatches",
     )
-    return {"layout": layout.model_dump(), **{k: row[k] for k in keys}}
+    out: dict[str, Any] = {"layout": layout.model_dump(), **{k: row[k] for k in keys}}
+    out["memory_headroom_bytes"] = float(row["memory_capacity_bytes"]) - float(
+        row["memory_total_bytes"]
+    )
+    return out
+
+
+# Two layouts whose objective values differ by less than this fraction of the better one are one
+# answer: the predictor's resolution. Its fitted efficiencies and latencies carry two to three
+# significant digits (config/catalog/clusters.yaml), so it cannot rank layouts closer than ~0.1 %.
+SAME_ANSWER_RTOL = 1e-3
+# How one answer's equivalent layouts are ordered, the first shown as the answer (search prints
+# this with its table): each preference breaks the ties the ones before it leave.
+TIE_BREAKS: tuple[str, ...] = (
+    "less memory per GPU",
+    "fewer parallel groups spanning nodes (mesh order pp, dp_replicate, dp_shard, cp, tp; tp "
+    "innermost)",
+    "smaller cp",
+    "smaller pp",
+    "reshard after forward on",
+)
+
+
+def cross_node_groups(table: LayoutTable, gpus_per_node: int) -> np.ndarray:
+    """Per layout, how many of its parallel groups (tp, cp, the FSDP shard group, the replica
+    group, pp) span more than one node, with ranks laid out as the harness's and torchtitan's
+    mesh (pp, dp_replicate, dp_shard, cp, tp), tp innermost: a group of `size` ranks `stride`
+    apart spans nodes when stride x size exceeds the node."""
+    shard = table.dp_shard_for(gpus_per_node)
+    replicate = np.maximum(1, table.dp // np.maximum(shard, 1))
+    count = np.zeros(len(table), dtype=np.int64)
+    stride = np.ones(len(table), dtype=np.int64)
+    for size in (table.tp, table.cp, shard, replicate, table.pp):
+        count += (size > 1) & (stride * size > gpus_per_node)
+        stride = stride * size
+    return count
+
+
+def distinct_answers(
+    score: np.ndarray,
+    candidates: np.ndarray,
+    table: LayoutTable,
+    memory_bytes: np.ndarray,
+    gpus_per_node: int,
+    limit: int,
+) -> tuple[list[np.ndarray], int]:
+    """The `candidates` (indices) grouped into answers, best first, and how many answers there
+    are: sorted by `score` (descending), each answer takes the layouts within SAME_ANSWER_RTOL
+    of its best score; the first `limit` answers are returned, each ordered by TIE_BREAKS (its
+    first layout is the answer shown)."""
+    if len(candidates) == 0:
+        return [], 0
+    order = candidates[np.argsort(-score[candidates], kind="stable")]
+    ranked = score[order]
+    negated = -ranked  # ascending
+    bounds = [0]
+    while bounds[-1] < len(order):
+        head = ranked[bounds[-1]]
+        floor = head - abs(head) * SAME_ANSWER_RTOL
+        bounds.append(max(int(np.searchsorted(negated, -floor, side="right")), bounds[-1] + 1))
+    groups = []
+    for start, end in itertools.pairwise(bounds[: limit + 1]):
+        members = order[start:end]
+        keys = (
+            ~table.reshard_after_forward[members],
+            table.pp[members],
+            table.cp[members],
+            cross_node_groups(table.take(members), gpus_per_node),
+            memory_bytes[members],
+        )
+        groups.append(members[np.lexsort(keys)])
+    return groups, len(bounds) - 1
 
 
 def describe(layout: dict[str, Any]) -> str:
@@ -417,7 +494,9 @@ def _masks(
     space: LayoutTable, model: ModelSpec, cluster: ClusterSpec, stack: StackSpec
 ) -> dict[str, np.ndarray]:
     """Every reason a layout is invalid: the layout rules, then what the stack does not offer."""
-    return violation_masks(space, model, cluster) | stack.violation_masks(space)
+    return violation_masks(space, model, cluster) | stack.violation_masks(
+        space, model, cluster.gpus_per_node
+    )
 
 
 def _evaluate(
@@ -603,12 +682,21 @@ def search(
     fits = pred["fits"] if pred is not None else np.zeros(0, dtype=bool)
     score = pred[_OBJECTIVE_FIELD[objective]] if pred is not None else np.zeros(0)
     fit_idx = np.flatnonzero(fits)
-    order = fit_idx[np.argsort(-score[fit_idx], kind="stable")]
-    top = (
-        [summarise(valid.layout(int(i)), pred, int(i)) for i in order[:top_k]]
-        if pred is not None
-        else []
-    )
+    top: list[dict[str, Any]] = []
+    answers = 0
+    if pred is not None:
+        gpn = cluster.gpus_per_node
+        groups, answers = distinct_answers(
+            score, fit_idx, valid, pred["memory_total_bytes"], gpn, top_k
+        )
+        for members in groups:
+            row = summarise(valid.layout(int(members[0])), pred, int(members[0]))
+            row["cross_node_groups"] = int(cross_node_groups(valid.take(members[:1]), gpn)[0])
+            row["equivalent"] = [
+                valid.layout(int(i)).label for i in members[1 : 1 + MAX_EQUIVALENT_LISTED]
+            ]
+            row["equivalent_count"] = len(members) - 1
+            top.append(row)
 
     baseline = None
     if pred is not None:
@@ -648,6 +736,8 @@ def search(
         invalid_by_reason=by_reason,
         not_fitting=int((~fits).sum()),
         ranked=len(fit_idx),
+        distinct_answers=answers,
+        tie_breaks=list(TIE_BREAKS),
         top=top,
         baseline=baseline,
         explanation=explanation,

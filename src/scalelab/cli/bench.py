@@ -12,12 +12,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import (
+    FromOpt,
     JsonOpt,
-    ModelArg,
+    OptionalModelArg,
     build_layout,
     console,
     err_console,
     layout_options,
+    print_json,
+    read_from,
     record_for_display,
 )
 from scalelab.config.hardware import ClusterSpec
@@ -85,6 +88,22 @@ PredictOpt = Annotated[
     bool, typer.Option("--predict", help="add the predictor's numbers for this layout")
 ]
 OutOpt = Annotated[Path, typer.Option("--out", help="folder for the record (and traces/)")]
+DryRunOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="validate the job and print what would run (ranks, mesh, stages and their "
+        "layers) without importing torch or launching anything",
+    ),
+]
+NnodesOpt = Annotated[
+    int,
+    typer.Option(
+        "--nnodes",
+        help="nodes of the job, for --dry-run (a multi-node run is launched by torchrun "
+        "... -m scalelab bench, which sets the world size)",
+    ),
+]
 BenchClusterOpt = Annotated[
     str | None,
     typer.Option(
@@ -111,8 +130,9 @@ def _detected_gpu() -> str | None:
 
 @layout_options()
 def bench(
-    model: ModelArg,
+    model: OptionalModelArg = None,
     nproc_per_node: NprocOpt = 1,
+    nnodes: NnodesOpt = 1,
     steps: StepsOpt = 50,
     warmup: WarmupOpt = 10,
     repeats: RepeatsOpt = 3,
@@ -132,6 +152,8 @@ def bench(
     cluster: BenchClusterOpt = None,
     predict: PredictOpt = False,
     out: OutOpt = Path("runs"),
+    from_file: FromOpt = None,
+    dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
     **layout: Any,
 ) -> None:
@@ -164,7 +186,15 @@ def bench(
         visible_gpus,
     )
 
-    spec = load_model(model)
+    ingested = None
+    if from_file is not None:
+        # The file's layout, model and GPU count (torchrun's) stand for the flags.
+        ingested = read_from(from_file, model=model)
+        spec = ingested.model
+    elif model is None:
+        raise InputError("model", "name a model (see `scalelab models`) or give --from FILE")
+    else:
+        spec = load_model(model)
     check_model(spec)
     for name, value in (("steps", steps), ("repeats", repeats), ("profile-steps", profile_steps)):
         positive(name, value)
@@ -193,26 +223,55 @@ def bench(
         err = exc.errors()[0]
         raise InputError(str(err["loc"][0]).replace("_", "-"), err["msg"]) from None
     check_options(options)
-    writable_folder("out", out)
+    if not dry_run:
+        writable_folder("out", out)
     worker = under_torchrun()
+    positive("nnodes", nnodes)
     if worker:
         gpus = int(os.environ["WORLD_SIZE"])
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(gpus)))
     else:
         positive("nproc-per-node", nproc_per_node)
-        gpus = per_node = nproc_per_node
-    seq_len = layout.pop("seq_len", None)
-    seq_len = spec.seq_len if seq_len is None else seq_len
-    built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
+        gpus, per_node = nnodes * nproc_per_node, nproc_per_node
+    if ingested is not None:
+        built = ingested.layout
+        if not worker and built.gpus != gpus:
+            gpus = built.gpus
+            per_node = nproc_per_node = min(gpus, ingested.gpus_per_node or gpus)
+    else:
+        seq_len = layout.pop("seq_len", None)
+        seq_len = spec.seq_len if seq_len is None else seq_len
+        built = build_layout(gpus=gpus, seq_len=seq_len, **layout)
     if fp8_recipe is not None and built.precision != "fp8":
         raise InputError("fp8-recipe", "--fp8-recipe needs --precision fp8")
     # The checks that need no cluster run before torch's import (~3 s), so bad input fails at once.
     check_layout(built, spec, per_node)
     check_layout_options(options, built, spec)
-    if not worker:  # before torch's import: --nproc-per-node 100000 fails at once
-        check_nproc(nproc_per_node, visible_gpus(), oversubscribe)
     if data is not None:
         check_tokens(data, spec.vocab_size, built.seq_len)
+    if dry_run:
+        from scalelab.config.catalog import load_cluster as _load_cluster
+
+        reference = _load_cluster(cluster or "h100-ib")
+        local = reference.model_copy(update={"gpus_per_node": per_node, "nvlink_domain": per_node})
+        check(built, spec, local)
+        plan = dry_run_plan(built, spec, per_node)
+        if ingested is not None:
+            plan["from"] = {"file": str(from_file), "framework": ingested.framework}
+            plan["from"]["defaults"] = ingested.defaults
+        if json_out:
+            print_json(plan)
+        else:
+            render_plan(plan)
+        return
+    if not worker:  # before torch's import (not for --dry-run: it plans for other machines)
+        check_nproc(nproc_per_node, visible_gpus(), oversubscribe)
+    if gpus > per_node and not worker:
+        raise InputError(
+            "nnodes",
+            f"{gpus} ranks over {gpus // per_node} nodes: launch them with torchrun on each node "
+            "(torchrun --nnodes N --nproc_per_node G -m scalelab bench ...); here only --dry-run",
+        )
     gpu = _detected_gpu()
     if gpu is not None and not worker:
         import torch
@@ -266,6 +325,88 @@ def bench(
     _exit(rc)
 
 
+def dry_run_plan(layout: Any, spec: Any, gpus_per_node: int) -> dict[str, Any]:
+    """What `scalelab bench` would run for `layout` (torch-free): ranks, the mesh (and the
+    expert mesh), and each pipeline rank's stages with their layers."""
+    from scalelab.config.stack_rules import data_parallel_degrees
+
+    replicate, shard = data_parallel_degrees(layout, gpus_per_node)
+    mesh = {"pp": layout.pp, "dp_replicate": replicate, "dp_shard": shard}
+    mesh |= {"cp": layout.cp, "tp": layout.tp}
+    from scalelab.config.pipeline import layout_stages, rank_stage_ids
+
+    split = layout_stages(spec, layout)
+    stages = []
+    for pp_rank in range(layout.pp):
+        for stage in rank_stage_ids(layout, pp_rank):
+            chunk = split[stage]
+            stages.append(
+                {
+                    "stage": stage,
+                    "pp_rank": pp_rank,
+                    "layers": [chunk.first_layer, chunk.end_layer - 1] if chunk.n_layers else [],
+                    "n_layers": chunk.n_layers,
+                    "embedding": chunk.embedding,
+                    "norm_and_output": chunk.head,
+                }
+            )
+    placed = sum(s["n_layers"] for s in stages)
+    plan: dict[str, Any] = {
+        "dry_run": True,
+        "model": spec.name,
+        "layout": layout.model_dump(),
+        "label": layout.label,
+        "ranks": layout.gpus,
+        "nodes": max(1, layout.gpus // gpus_per_node),
+        "ranks_per_node": min(layout.gpus, gpus_per_node),
+        "mesh": mesh,
+        "mesh_order": "pp, dp_replicate, dp_shard, cp, tp (tp innermost: consecutive ranks)",
+        "micro_batches_per_step": layout.n_microbatches,
+        "stages": stages,
+        "layers_placed": placed,
+    }
+    if layout.ep > 1:
+        inner = layout.cp * (layout.tp if layout.expert_tp == 1 else 1)
+        plan["expert_mesh"] = {
+            "ep": layout.ep,
+            "expert_tp": layout.expert_tp,
+            "dp_shard_in_ep": max(1, layout.ep // inner),
+            "dp_shard_mod_ep": shard // max(1, layout.ep // inner),
+        }
+    return plan
+
+
+def render_plan(plan: dict[str, Any]) -> None:
+    """The dry run as text."""
+    console.print(
+        f"[bold]dry run[/]: {escape(plan['model'])}, {escape(plan['label'])}: "
+        f"{plan['ranks']} ranks on {plan['nodes']} node(s) of {plan['ranks_per_node']}, "
+        f"{plan['micro_batches_per_step']} micro-batch(es) per step; nothing launched"
+    )
+    for key, text in plan.get("from", {}).get("defaults", {}).items():
+        console.print(
+            f"  [dim]unstated, the framework's default: {escape(key)} = {escape(text)}[/]"
+        )
+    mesh = " x ".join(f"{k} {v}" for k, v in plan["mesh"].items())
+    console.print(f"mesh: {mesh} ({plan['mesh_order']})")
+    if "expert_mesh" in plan:
+        console.print(
+            "expert mesh: " + ", ".join(f"{k} {v}" for k, v in plan["expert_mesh"].items())
+        )
+    table = Table(title="pipeline stages")
+    for col in ("pp rank", "stage", "layers", "embedding", "norm + output"):
+        table.add_column(col, justify="right")
+    for s in plan["stages"]:
+        layers = f"{s['layers'][0]}-{s['layers'][1]} ({s['n_layers']})" if s["layers"] else "none"
+        table.add_row(
+            str(s["pp_rank"]), str(s["stage"]), layers,
+            "yes" if s["embedding"] else "", "yes" if s["norm_and_output"] else "",
+        )  # fmt: skip
+    console.print(table)
+    if "warning" in plan:
+        console.print(f"[yellow]{escape(plan['warning'])}[/]")
+
+
 def _attach_prediction(path: Path, cluster: ClusterSpec) -> None:
     """Put the predictor's numbers for the same layout beside the measurement (atomically)."""
     from scalelab.predicted import attach_prediction
@@ -310,6 +451,7 @@ def _report(path: Path | None, json_out: bool) -> None:
         ("tokens/s per GPU", "tokens_per_s_per_gpu", 1.0, 0, False),
         ("MFU", "mfu", 100.0, 1, True),
         ("HFU", "hfu", 100.0, 1, True),
+        ("model TFLOP/s per GPU (6N + attention)", "model_tflops_per_gpu", 1.0, 2, False),
         ("peak CUDA allocated (GiB)", "memory_peak_allocated_bytes", 2**-30, 2, False),
         ("peak RSS (GiB)", "memory_peak_rss_bytes", 2**-30, 2, False),
         ("GPU power per GPU (W)", "power_w_per_gpu", 1.0, 0, False),

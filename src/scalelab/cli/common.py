@@ -57,12 +57,37 @@ err_console = SafeConsole(stderr=True)
 ModelArg = Annotated[
     str, typer.Argument(help="catalog model name (see `scalelab models`) or a YAML file")
 ]
+OptionalModelArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="catalog model name (see `scalelab models`) or a YAML file; with --from, taken "
+        "from the file unless given"
+    ),
+]
 StackOpt = Annotated[
     str,
     typer.Option(
         "--stack",
-        help="software stack: what the framework does (schedules and shardings offered, gradient "
-        "sync, overlaps); see `scalelab stacks`, or a YAML file",
+        help="software stack: the framework that runs the job, what it offers and refuses "
+        "(schedules, shardings, combinations), gradient sync, overlaps; default torchtitan, "
+        "whose refusals are `scalelab bench`'s; `generic` allows any combination (what-if); "
+        "see `scalelab stacks`, or a YAML file",
+    ),
+]
+EmitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--emit",
+        help="print the layout as torchtitan (its launch arguments) | torchtitan-toml (job "
+        "file) | megatron (Megatron-LM arguments) | bench (the scalelab bench line)",
+    ),
+]
+FromOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--from",
+        help="read layout, model and batch from a torchtitan argument list or TOML job file, a "
+        "Megatron-LM argument list or a scalelab bench line (told apart by content)",
     ),
 ]
 ClusterOpt = Annotated[
@@ -221,9 +246,12 @@ def build_constraints(**values: Any) -> Constraints:
         if text is None:
             continue
         if types[field] is str:
-            kwargs[field] = OPTIONS[field].parse(flag, text).value if field in OPTIONS else text
+            kwargs[field] = parse_option(field, text).value if field in OPTIONS else text
         elif field in OPTIONS:
-            kwargs[field] = _word_list(flag, text, OPTIONS[field].names())
+            from scalelab.config.frameworks import canonical_option
+
+            words = [canonical_option(field, w).lower() for w in text.split(",") if w.strip()]
+            kwargs[field] = _word_list(flag, ",".join(words) or text, OPTIONS[field].names())
         elif Layout.model_fields[field].annotation is bool:
             words = _word_list(flag, text.lower(), ("true", "false"))
             kwargs[field] = [w == "true" for w in words]
@@ -297,6 +325,27 @@ def writable_folder(flag: str, folder: Path) -> Path:
     return folder
 
 
+def parse_option(field: str, value: str) -> Any:
+    """A categorical layout value, case-insensitively, in scalelab's spelling or (schedules and
+    recompute) torchtitan's and Megatron's (`1F1B`, `Interleaved1F1B`, `ZBVZeroBubble`, `op`)."""
+    from scalelab.config.frameworks import canonical_option
+
+    text = canonical_option(field, str(value)).lower()
+    return OPTIONS[field].parse(flag_name(field), text)
+
+
+def read_from(path: Path, *, gpus: int | None = None, model: str | None = None) -> Any:
+    """`--from FILE`: a framework config as `config.frameworks.Ingested` (model and GPU count
+    from the file unless given)."""
+    from scalelab.config.catalog import load_model
+    from scalelab.config.frameworks import read_config
+    from scalelab.io import read_user_text
+
+    text = read_user_text("from", path)
+    spec = load_model(model) if model is not None else None
+    return read_config(text, gpus=gpus, model=spec)
+
+
 def build_layout(**values: Any) -> Layout:
     """A `Layout` from CLI values keyed by parameter name (`layout_options`), each checked with a
     message naming its flag; `global_batch` None takes `Layout.default_global_batch`."""
@@ -308,7 +357,7 @@ def build_layout(**values: Any) -> Layout:
         value = values[name]
         flag = flag_name(field)
         if field in OPTIONS:
-            value = OPTIONS[field].parse(flag, value)
+            value = parse_option(field, value)
         elif isinstance(value, int) and not isinstance(value, bool):
             positive(flag, value)
         fields[field] = value

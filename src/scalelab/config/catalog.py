@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from scalelab.config.hardware import ClusterParams, ClusterSpec, GPUSpec
 from scalelab.config.model import ModelSpec
-from scalelab.config.stack import DEFAULT_STACK, StackSpec
+from scalelab.config.stack import NEUTRAL_STACK, StackSpec
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
 
@@ -160,7 +160,7 @@ def _catalog_stack(name: str) -> StackSpec:
 def load_stack(name_or_path: str | None = None) -> StackSpec:
     """A catalog stack by name (None: `generic`, which changes nothing), or a stack described in
     a YAML file. Catalog stacks are built once (the predictor asks for the default on every call)."""
-    name_or_path = name_or_path or DEFAULT_STACK
+    name_or_path = name_or_path or NEUTRAL_STACK
     if name_or_path in _catalog("stacks"):
         return _catalog_stack(name_or_path)
     if not _looks_like_file(name_or_path):

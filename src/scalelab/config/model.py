@@ -436,3 +436,11 @@ def flops_utilisation(
     """MFU (with model FLOPs) or HFU (with hardware FLOPs): achieved FLOP/s over GPUs x the GPU's
     dense peak at the training precision (`GPUSpec.peak_flops`)."""
     return flops_per_token * tokens_per_s / (gpus * peak_flops_per_gpu)
+
+
+def model_tflops_per_gpu(flops_per_token: Any, tokens_per_s: Any, gpus: Any) -> Any:
+    """Model TFLOP/s per GPU: the achieved model FLOP/s (the numerator of MFU: 6N + attention
+    per token, `ModelSpec.model_flops_per_token`) per GPU, in units of 1e12 FLOP/s. The figure
+    NeMo/Megatron performance tables and torchtitan's logs compare by; unlike MFU it needs no
+    peak, so a CPU run has one too."""
+    return flops_per_token * tokens_per_s / gpus / 1e12

@@ -5,8 +5,12 @@ power, and the efficiencies fitted to it. A stack holds what the framework does 
 pipeline schedules and shardings it offers, whether gradients are reduced once per step or on
 every micro-batch, which communications it overlaps with compute, and the framework-side
 parameters (attention kernel efficiency, FP8 recipe speed, per-collective host cost) that differ
-between frameworks on the same GPUs. `--stack` selects one (catalog/stacks.yaml); `generic`, the
-default, changes nothing: the predictor's assumptions as documented in perf/.
+between frameworks on the same GPUs, and the combinations of options the framework refuses
+(`refuses`, each with its reason and upstream source: config/stack_rules.py evaluates them).
+`--stack` selects one (catalog/stacks.yaml); the verbs default to `torchtitan` (DEFAULT_STACK),
+whose refusals are exactly those of scalelab's own harness (`scalelab bench`). `generic` changes
+nothing and refuses nothing: the predictor's assumptions as documented in perf/, for what-if
+questions (the library's `load_stack()` without a name).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from pydantic import ConfigDict, Field, field_validator
 
 from scalelab.config.hardware import ClusterParams, ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable
+from scalelab.config.model import ModelSpec
 from scalelab.config.options import PipelineSchedule, Sharding
+from scalelab.config.stack_rules import StackRule, rule_masks, rule_message
 from scalelab.config.strict import StrictNumbers
 from scalelab.errors import InputError
 
@@ -195,6 +201,11 @@ class StackSpec(StrictNumbers):
         "sequence-parallel linear saves and all-gathers again in backward (Korthikanti et al.'s "
         "accounting; perf/memory.py)",
     )
+    refuses: tuple[StackRule, ...] = Field(
+        default=(),
+        description="combinations of options the framework refuses or runs wrongly, each with "
+        "the field it names, why, and the upstream issue or document (config/stack_rules.py)",
+    )
     params: StackParams = Field(default_factory=StackParams)
     fp8_recipe_ratios: dict[str, float] = Field(
         default_factory=dict,
@@ -253,20 +264,37 @@ class StackSpec(StrictNumbers):
         params: ClusterParams = cluster.params.model_copy(update=updates)
         return cluster.model_copy(update={"params": params})
 
-    # Offered-feature rules over many layouts (search) and one (predict). ---------------------
-    def violation_masks(self, table: LayoutTable) -> dict[str, np.ndarray]:
+    # Offered-feature and combination rules over many layouts (search) and one (predict). -----
+    def violation_masks(
+        self,
+        table: LayoutTable,
+        model: ModelSpec | None = None,
+        gpus_per_node: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """For each reason this stack refuses layouts, the layouts it refuses: options it does
+        not offer, then (with the model) the combinations in `refuses`."""
         offered_sched = np.isin(table.pp_schedule, [s.code for s in self.schedules])
         offered_shard = np.isin(table.sharding, [s.code for s in self.shardings])
-        return {
+        masks = {
             f"pipeline schedule not offered by stack {self.name}": (table.pp > 1) & ~offered_sched,
             f"sharding not offered by stack {self.name}": ~offered_shard,
             f"tp above what stack {self.name} offers": table.tp > self.max_tp,
             f"pp above what stack {self.name} offers": table.pp > self.max_pp,
             f"cp above what stack {self.name} offers": table.cp > self.max_cp,
         }
+        if model is not None:
+            for rule, bad in zip(
+                self.refuses, rule_masks(self.refuses, table, model, gpus_per_node), strict=True
+            ):
+                key = f"stack {self.name} refuses: {rule.summary}"
+                masks[key] = masks[key] | bad if key in masks else bad
+        return masks
 
-    def check(self, layout: Layout) -> None:
-        """Raise one `InputError` for the first option of `layout` this stack does not offer."""
+    def check(
+        self, layout: Layout, model: ModelSpec | None = None, gpus_per_node: int | None = None
+    ) -> None:
+        """Raise one `InputError` for the first option of `layout` this stack does not offer,
+        then (given the model) for the first combination it refuses."""
         if layout.pp > 1 and layout.pp_schedule not in {str(s) for s in self.schedules}:
             allowed = ", ".join(str(s) for s in self.schedules) or "none"
             raise InputError(
@@ -285,7 +313,26 @@ class StackSpec(StrictNumbers):
                     name,
                     f"stack {self.name} offers {name} up to {limit}, not {getattr(layout, name)}",
                 )
+        if model is None:
+            return
+        self.check_combinations(layout, model, gpus_per_node)
+
+    def check_combinations(
+        self, layout: Layout, model: ModelSpec, gpus_per_node: int | None = None
+    ) -> None:
+        """Raise one `InputError` (its field, the reason and the source) for the first
+        combination of `refuses` that `layout` hits."""
+        table = LayoutTable.from_layouts([layout])
+        for rule, bad in zip(
+            self.refuses, rule_masks(self.refuses, table, model, gpus_per_node), strict=True
+        ):
+            if bool(bad[0]):
+                raise InputError(rule.field, rule_message(rule, layout, model, gpus_per_node))
 
 
-# The default stack: changes nothing (the predictor's documented assumptions).
-DEFAULT_STACK = "generic"
+# The stack the verbs (predict, search, bench's checks) use unless told: a real framework, whose
+# refusals are the harness's own. The library's `load_stack()` without a name stays `generic`
+# (NEUTRAL_STACK), the predictor's documented assumptions, so calibration and validation keep
+# their meaning.
+DEFAULT_STACK = "torchtitan"
+NEUTRAL_STACK = "generic"

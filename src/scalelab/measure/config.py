@@ -15,8 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.options import AttentionKernel, PipelineSchedule, Precision, Sharding
+from scalelab.config.options import PipelineSchedule, Precision, Sharding
+from scalelab.config.stack import StackSpec
+from scalelab.config.stack_rules import data_parallel_degrees, ep_problem  # noqa: F401 (measure/parallel.py imports them from here)
 from scalelab.errors import InputError
+
+# The catalog stack whose refusals are the harness's (config/catalog/stacks.yaml).
+HARNESS_STACK = "torchtitan"
 
 ComputeDtype = Literal["auto", "fp32", "bf16"]
 GradSync = Literal["step", "microbatch"]
@@ -197,140 +202,23 @@ def check_model(model: ModelSpec) -> None:
             )
 
 
-def check_moe_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None) -> None:
-    """Expert-parallel layouts the harness cannot build (torchtitan's mesh rules), each with its
-    reason. `gpus_per_node` sets HSDP's default shard group; unknown, that case is checked by
-    the trainer."""
-    if not model.is_moe:
-        return
-    if layout.tp > 1 and not layout.sequence_parallel:
-        raise InputError(
-            "sp",
-            "MoE layers under TP run on each rank's sequence shard: use sequence parallelism "
-            "(--sp) with tp > 1",
-        )
-    if layout.ep == 1:
-        return
-    if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
-        raise InputError(
-            "sharding",
-            f"ep > 1 with {layout.sharding} is not supported by bench (the experts' gradients "
-            "need their own reduction group); use fsdp, zero2 or hsdp",
-        )
-    if layout.sharding == Sharding.HSDP and layout.hsdp_shard_size is None and not gpus_per_node:
-        return
-    replicate, shard = data_parallel_degrees(layout, gpus_per_node or layout.gpus)
-    problem = ep_problem(replicate, shard, layout.cp, layout.tp, layout.ep, layout.expert_tp)
-    if problem:
-        raise InputError("ep", problem)
+def harness_stack() -> StackSpec:
+    """The stack profile whose refusals are this harness's own (catalog/stacks.yaml `torchtitan`):
+    search ranks for it exactly the layouts bench runs."""
+    from scalelab.config.catalog import load_stack
 
-
-def data_parallel_degrees(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
-    """(dp_replicate, dp_shard) of the harness's mesh: DDP and ZeRO-1 replicate over dp, FSDP
-    and ZeRO-2 shard over dp, HSDP shards over `hsdp_shard_size` ranks (default: a node's ranks
-    not taken by TP and CP) and replicates over the rest."""
-    dp = layout.dp
-    if layout.sharding in (Sharding.DDP, Sharding.ZERO1):
-        return dp, 1
-    if layout.sharding == Sharding.HSDP:
-        shard = layout.dp_shard_on(gpus_per_node)
-        return dp // shard, shard
-    return 1, dp
-
-
-def ep_problem(dp_replicate: int, dp_shard: int, cp: int, tp: int, ep: int, etp: int) -> str | None:
-    """Why an expert-parallel mesh cannot be built as torchtitan builds it
-    (ParallelDims._build_mesh_with_ep), or None. EP takes cp whole (and tp whole when
-    expert_tp is 1), then dp_shard_in_ep = ep / (cp [x tp]) ranks of the FSDP shard group; the
-    rest of that group (dp_shard_mod_ep) holds the same experts."""
-    if ep == 1:
-        return None
-    if dp_replicate > 1 and dp_shard == 1:
-        return (
-            f"ep ({ep}) with replicated data parallelism (ddp, zero1, or hsdp sharding over 1 "
-            "rank): the experts' gradients would be averaged over ranks holding different "
-            "experts; use fsdp, zero2, or hsdp with a shard group"
-        )
-    inner = cp * (tp if etp == 1 else 1)
-    extra = f" x tp ({tp})" if etp == 1 else ""
-    if ep % inner:
-        return (
-            f"ep ({ep}) must be a multiple of cp ({cp}){extra}: EP takes those ranks whole and "
-            "then part of the FSDP shard group (torchtitan's rule)"
-        )
-    if dp_shard % (ep // inner):
-        return (
-            f"ep ({ep}) must divide the FSDP shard group ({dp_shard}) x cp ({cp}){extra}: EP "
-            "borrows those ranks (torchtitan's rule)"
-        )
-    return None
+    return load_stack(HARNESS_STACK)
 
 
 def check_layout(layout: Layout, model: ModelSpec, gpus_per_node: int | None = None) -> None:
-    """Layouts the predictor accepts but this harness cannot run, each with its reason."""
-    check_moe_layout(layout, model, gpus_per_node)
+    """Layouts the predictor accepts but this harness cannot run, each with its reason and
+    source: the `torchtitan` stack profile's refusals (config/stack_rules.py), after torchao's
+    presence for fp8."""
     if layout.precision == Precision.FP8:
         from scalelab.measure.fp8 import require_torchao
 
         require_torchao()
-        if model.is_moe:
-            raise InputError(
-                "precision",
-                f"fp8 with a mixture-of-experts model ({model.name}): the harness converts dense "
-                "linears only (torchao's grouped-expert float8 is not wired in); use --precision bf16",
-            )
-    if layout.sharding in (Sharding.DDP, Sharding.ZERO1) and layout.tp > 1:
-        raise InputError(
-            "sharding",
-            f"{layout.sharding} with tp > 1 is not supported by bench; use fsdp, zero2 or hsdp with TP",
-        )
-    if layout.sharding == Sharding.ZERO1 and layout.pp > 1:
-        raise InputError("sharding", "zero1 with pp > 1 is not supported by bench; use ddp or fsdp")
-    if layout.cp > 1 and layout.attention == AttentionKernel.MATH:
-        raise InputError(
-            "attention", "context parallelism needs --attention flash (ring attention)"
-        )
-    if (
-        layout.pp > 1
-        and layout.pp_schedule in (PipelineSchedule.GPIPE, PipelineSchedule.ONE_F_ONE_B)
-        and layout.virtual_stages != 1
-    ):
-        raise InputError(
-            "virtual_stages", f"pp_schedule {layout.pp_schedule} runs one stage per rank"
-        )
-    if (
-        layout.pp > 1
-        and layout.sharding == Sharding.DDP
-        and layout.dp > 1
-        and layout.pp_schedule in (PipelineSchedule.GPIPE, PipelineSchedule.INTERLEAVED)
-    ):
-        # Measured (torch 2.13): the DDP reducer asserts ("rebuilt parameter indices size is not
-        # same as original model parameters size") when a stage runs several forwards first.
-        raise InputError(
-            "sharding",
-            f"ddp with pp_schedule {layout.pp_schedule} crashes in PyTorch's DDP reducer; "
-            "use pp_schedule 1f1b, or fsdp or hsdp with this schedule",
-        )
-    if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.dp * layout.cp > 1:
-        # Measured (torch 2.13): with pp 2 x fsdp 2 the last stage's parameters get no gradient;
-        # with DDP most gradients are wrong (pytorch/pytorch#144530). Refused until PyTorch fixes it.
-        raise InputError(
-            "pp_schedule",
-            f"zbv with data or context parallelism (dp {layout.dp}, cp {layout.cp}) trains wrongly "
-            "in PyTorch (pytorch/pytorch#144530); use 1f1b, gpipe or interleaved, or dp 1 and cp 1",
-        )
-    if layout.pp > 1 and layout.pp_schedule == PipelineSchedule.ZBV and layout.virtual_stages != 2:
-        raise InputError("virtual_stages", "pp_schedule zbv runs 2 stages per rank")
-    if layout.tp > model.n_kv_heads:
-        # The predictor and Megatron-Core replicate K/V heads past tp = n_kv_heads; the harness's
-        # column-parallel wk/wv would need fewer rows than ranks (a reshape error at run time).
-        raise InputError(
-            "tp",
-            f"tp ({layout.tp}) is more than {model.name}'s n_kv_heads ({model.n_kv_heads}): bench "
-            "does not replicate K/V heads across TP ranks; use tp <= n_kv_heads",
-        )
-    if layout.tp > 1 and model.vocab_size % layout.tp:
-        raise InputError("tp", f"tp ({layout.tp}) must divide vocab_size ({model.vocab_size})")
+    harness_stack().check_combinations(layout, model, gpus_per_node)
 
 
 def check_layout_options(

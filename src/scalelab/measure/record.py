@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.config.model import ModelSpec, flops_utilisation
+from scalelab.config.model import ModelSpec, flops_utilisation, model_tflops_per_gpu
 from scalelab.measure.job import BenchJob, CommJob, RunIdentity
 from scalelab.results import Record, stats, summarise, trace_metric_s
 
@@ -47,6 +47,7 @@ SUMMARY_METRICS = (
     "tokens_per_s_per_gpu",
     "mfu",
     "hfu",
+    "model_tflops_per_gpu",
     "memory_peak_allocated_bytes",
     "memory_peak_reserved_bytes",
     "memory_peak_rss_bytes",
@@ -184,6 +185,7 @@ def repeat_figures(
         "tokens_per_s_per_gpu": tps / world_size,
         "mfu": flops_utilisation(model_flops, tps, world_size, peak_flops) if peak_flops else None,
         "hfu": flops_utilisation(hw_flops, tps, world_size, peak_flops) if peak_flops else None,
+        "model_tflops_per_gpu": model_tflops_per_gpu(model_flops, tps, world_size),
         "memory_peak_allocated_bytes": res.peak_memory_allocated_bytes,
         "memory_peak_reserved_bytes": res.peak_memory_reserved_bytes,
         "memory_peak_rss_bytes": res.peak_rss_bytes,

@@ -27,7 +27,7 @@ import numpy as np
 from scalelab.config.catalog import load_stack
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout, LayoutTable, check
-from scalelab.config.model import ModelSpec, flops_utilisation
+from scalelab.config.model import ModelSpec, flops_utilisation, model_tflops_per_gpu
 from scalelab.config.stack import StackSpec
 from scalelab.metrics import canonical
 from scalelab.perf import comm
@@ -71,6 +71,7 @@ class Prediction:
     tokens_per_s_per_gpu: np.ndarray
     mfu: np.ndarray
     hfu: np.ndarray
+    model_tflops_per_gpu: np.ndarray
     compute_s: np.ndarray
     exposed_comm_s: np.ndarray
     exposed_comm_fraction: np.ndarray
@@ -732,6 +733,7 @@ def predict(
         tokens_per_s_per_gpu=tokens_per_s / gpus,
         mfu=flops_utilisation(model_flops, tokens_per_s, gpus, peak),
         hfu=flops_utilisation(hardware_flops, tokens_per_s, gpus, peak),
+        model_tflops_per_gpu=model_tflops_per_gpu(model_flops, tokens_per_s, gpus),
         compute_s=compute_s,
         exposed_comm_s=exposed_comm,
         exposed_comm_fraction=exposed_comm / step,
@@ -775,7 +777,7 @@ def predict_layout(
     with every field and the assumptions."""
     stack = stack or load_stack()
     check(layout, model, cluster)
-    stack.check(layout)
+    stack.check(layout, model, cluster.gpus_per_node)
     row = predict(model, cluster, LayoutTable.from_layouts([layout]), stack).row(0)
     return {
         "model": model.name,

@@ -40,6 +40,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("tokens_per_s", "global throughput", "tokens/s"),
     Metric("mfu", "MFU", "%", 100.0, note="model FLOPs ÷ (GPUs × dense peak)"),
     Metric(
+        "model_tflops_per_gpu", "model TFLOP/s per GPU", "TFLOP/s",
+        note="model FLOPs per token (6N + attention, as MFU) × tokens/s per GPU",
+    ),
+    Metric(
         "exposed_comm_fraction", "exposed communication", "% of step", 100.0,
         note="communication with no compute running, from the profiled steps (bench --profile)",
     ),
