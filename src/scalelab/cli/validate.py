@@ -47,7 +47,13 @@ def validate(
     data: DataOpt = None,
     review: ReviewOpt = None,
     json_out: JsonOpt = False,
-    rows: bool = False,
+    rows: Annotated[
+        bool,
+        typer.Option(
+            "--rows",
+            help="with --json, also list every run used: its prediction, measurement and error",
+        ),
+    ] = False,
     explain: ExplainOpt = None,
     cross_validate: CrossOpt = False,
 ) -> None:

@@ -15,6 +15,7 @@ from scalelab.config.model import ModelSpec
 from scalelab.config.stack import DEFAULT_STACK, StackSpec
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
+from scalelab.suggest import unknown_name
 
 
 @cache
@@ -71,7 +72,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     else:
         raise InputError(
             "model",
-            f"unknown model '{name_or_path}'; choose one of {', '.join(model_names())} or a YAML file",
+            unknown_name(
+                "model", name_or_path, model_names(), listed_by="scalelab models", or_file=True
+            ),
         )
     try:
         return ModelSpec(**data)
@@ -81,7 +84,9 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_gpu(name: str) -> GPUSpec:
     if name not in _catalog("gpus"):
-        raise InputError("gpu", f"unknown GPU '{name}'; choose one of {', '.join(gpu_names())}")
+        raise InputError(
+            "gpu", unknown_name("GPU", name, gpu_names(), listed_by="scalelab hardware")
+        )
     return GPUSpec(name=name, **_catalog("gpus")[name])
 
 
@@ -120,7 +125,9 @@ def load_cluster(name_or_path: str) -> ClusterSpec:
         return cluster_from_dict(_read_yaml("cluster", name_or_path), Path(name_or_path).stem)
     raise InputError(
         "cluster",
-        f"unknown cluster '{name_or_path}'; choose one of {', '.join(cluster_names())} or a YAML file",
+        unknown_name(
+            "cluster", name_or_path, cluster_names(), listed_by="scalelab hardware", or_file=True
+        ),
     )
 
 
@@ -167,7 +174,9 @@ def load_stack(name_or_path: str | None = None) -> StackSpec:
     if not _looks_like_file(name_or_path):
         raise InputError(
             "stack",
-            f"unknown stack '{name_or_path}'; choose one of {', '.join(stack_names())} or a YAML file",
+            unknown_name(
+                "stack", name_or_path, stack_names(), listed_by="scalelab stacks", or_file=True
+            ),
         )
     data = _read_yaml("stack", name_or_path)
     data.setdefault("name", Path(name_or_path).stem)
