@@ -287,3 +287,18 @@ def test_step_breakdown_of_profiled_records(records: Path, tmp_path: Path) -> No
     assert breakdown[("llama2-7b", "fsdp", 32)]["other"] == pytest.approx(0.35)
     result = build_report(records, tmp_path / "report")
     assert result.figures["breakdown"].stat().st_size > 0
+
+
+def test_report_tells_its_steps_when_asked(
+    records: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCALELAB_PROGRESS", "1")  # stderr is not a terminal here: plain lines
+    main(["report", str(records), "--out", str(tmp_path / "report"), "--predict", "--json"])
+    captured = capsys.readouterr()
+    steps = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in captured.err.splitlines()]
+    assert steps[0] == "reading records" and "predicting 5 records" in steps
+    assert steps[-1] == "index.html"
+    json.loads(captured.out)  # stdout is still one JSON document

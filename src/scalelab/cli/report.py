@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.progress import progress
 
 DirArg = Annotated[
     Path,
@@ -46,7 +47,8 @@ def report(
     them, summary.csv, and every record as records.parquet and records.csv."""
     from scalelab.report import build_report
 
-    result = build_report(directory, out, predict=predict, cluster=cluster)
+    with progress("scalelab report", json_out=json_out) as step:
+        result = build_report(directory, out, predict=predict, cluster=cluster, progress=step)
     if json_out:
         print_json(result.to_dict())
         return

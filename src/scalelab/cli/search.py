@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated, Any
 
 import typer
@@ -18,9 +17,9 @@ from scalelab.cli.common import (
     build_constraints,
     console,
     constraint_options,
-    err_console,
     print_json,
 )
+from scalelab.cli.progress import progress
 from scalelab.config.catalog import load_cluster, load_model, load_stack
 from scalelab.config.layout import Layout
 from scalelab.search import OBJECTIVES, describe, search
@@ -53,8 +52,8 @@ def search_command(
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     allowed = build_constraints(**constraints)
-    status = err_console.status(f"searching every layout of {escape(spec.name)} on {gpus} GPUs")
-    with contextlib.nullcontext() if json_out else status:
+    with progress("scalelab search", json_out=json_out) as step:
+        step(f"every layout of {spec.name} on {gpus} GPUs")
         result = search(
             spec,
             cluster_spec,

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.progress import progress
 
 DataOpt = Annotated[
     Path | None,
@@ -65,7 +66,9 @@ def validate(
         for line in explain_row(explain, data, review):
             print(line)
         return
-    report = run_validation(data, review, with_cross_validation=cross_validate)
+    with progress("scalelab validate", json_out=json_out) as step:
+        step("predicting every run" + (", then each source held out" if cross_validate else ""))
+        report = run_validation(data, review, with_cross_validation=cross_validate)
     if json_out:
         print_json(report.to_dict(with_rows=rows))
         return
