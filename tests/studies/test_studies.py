@@ -176,3 +176,12 @@ def test_f2_names_the_comm_only_power_it_would_need() -> None:
     assert need["comm_only_w"] < need["needed_w_at_tolerance"] < need["needed_w"]
     assert need["needed_w"] < need["compute_w"]
     assert 0.2 < need["comm_only_share_2048"] < 0.6
+
+
+def test_the_docs_quote_the_findings_count(paper) -> None:
+    """docs/figures.yaml's findings count is what `study paper` computes (README and docs quote it)."""
+    import yaml
+
+    _, doc = paper
+    figures = yaml.safe_load((Path(__file__).parents[2] / "docs" / "figures.yaml").read_text())
+    assert figures["findings_within"]["text"] == f"{doc['within']} of {len(doc['findings'])}"
