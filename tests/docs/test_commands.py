@@ -50,6 +50,12 @@ PARSED_ONLY: dict[tuple[str, str], str] = {
     ("harness.md", "scalelab bench examples/moe-tiny.yaml --nproc-per-node 4 --tp 2 --ep 2 --expert-tp 2 --global-batch 8"): "CPU minutes",
     ("sweep.md", "scalelab sweep examples/sweeps/tiny-local.yaml --out runs/tiny"): "4 bench runs (tests/sweep/test_local_sweep.py runs a local sweep)",
     ("sweep.md", "scalelab report runs/tiny --predict"): "the records of the sweep above",
+    # The laptop calibration path: tests/calibrate/test_comm_cli.py runs comm (these sizes and
+    # iterations, three of the collectives) and calibrate on its record; bench as above.
+    ("calibration.md", "scalelab comm --nproc-per-node 2 --sizes 4K:1M:4 --iters 5 --warmup 1 --out runs/"): "tests/calibrate/test_comm_cli.py",
+    ("calibration.md", "scalelab bench llama-tiny --nproc-per-node 2 --sharding fsdp --steps 10 --warmup 2 --repeats 2 --out runs/"): "CPU minutes",
+    ("calibration.md", "scalelab calibrate runs/ --base cpu-gloo --out my-cluster.yaml"): "tests/calibrate/test_comm_cli.py",
+    ("calibration.md", "scalelab predict llama-tiny --gpus 2 --cluster my-cluster.yaml"): "the cluster file calibrate writes",
 }  # fmt: skip
 
 # Other programs' lines: the first word(s) -> where they are checked instead.
