@@ -94,10 +94,12 @@ def shell_lines(page: Path) -> list[str]:
             continue
         if language not in SHELL_LANGUAGES:
             continue
+        if language == "console" and not stripped.startswith("$ ") and not pending:
+            continue  # a console block's output
         text = stripped[2:] if stripped.startswith("$ ") else stripped
         text = (pending + " " + text).strip() if pending else text
         if text.endswith("\\"):
-            pending = text[:-1]
+            pending = text[:-1].rstrip()
             continue
         pending = ""
         text = COMMENT.sub("", text).strip()
@@ -171,3 +173,17 @@ def test_no_stale_exceptions() -> None:
     """Every command PARSED_ONLY names is still in its page (a removed one is removed here too)."""
     written = {(p.name, line) for p in PAGES for line in shell_lines(p)}
     assert set(PARSED_ONLY) <= written, set(PARSED_ONLY) - written
+
+
+def test_the_parser_check_catches_a_renamed_flag() -> None:
+    _parse(["predict", "llama2-7b", "--gpus", "8"])
+    with pytest.raises(Exception, match="No such option"):
+        _parse(["predict", "llama2-7b", "--gpu-count", "8"])
+    with pytest.raises(AssertionError, match="no such verb"):
+        _parse(["runs"])
+
+
+def test_console_output_is_not_a_command(tmp_path: Path) -> None:
+    page = tmp_path / "p.md"
+    page.write_text("```console\n$ scalelab models \\\n  --json\nllama2-7b  6.7B\n```\n")
+    assert shell_lines(page) == ["scalelab models --json"]
