@@ -185,3 +185,23 @@ def test_the_docs_quote_the_findings_count(paper) -> None:
     _, doc = paper
     figures = yaml.safe_load((Path(__file__).parents[2] / "docs" / "figures.yaml").read_text())
     assert figures["findings_within"]["text"] == f"{doc['within']} of {len(doc['findings'])}"
+
+
+def test_the_docs_findings_table_is_what_the_study_computes(paper) -> None:
+    """docs/study.md's findings table: each row's scalelab value (to its printed digits) and
+    within/outside, as `study paper` computes them now."""
+    import re
+
+    _, doc = paper
+    computed = {f["id"]: f for f in doc["findings"]}
+    page = (Path(__file__).parents[2] / "docs" / "study.md").read_text()
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if re.match(r"\| F\d+ \|", line)]
+    assert {cells[0].strip() for cells in rows} == set(computed)
+    for cells in rows:
+        finding = computed[cells[0].strip()]
+        shown = re.search(r"[-−+]?\d+(\.\d+)?", cells[3]).group(0).replace("−", "-")
+        digits = len(shown.split(".")[1]) if "." in shown else 0
+        assert float(shown) == pytest.approx(
+            float(finding["predicted_text"]), abs=0.51 * 10**-digits
+        )
+        assert ("no" not in cells[5]) == finding["within"], cells[0]
