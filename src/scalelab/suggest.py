@@ -1,4 +1,7 @@
-"""'Did you mean' for a mistyped name: the catalog names closest to what was typed (difflib).
+"""Names as people type them: another spelling of a catalog name is accepted (`same_name`), and a
+mistyped one gets 'did you mean' (`close_names`, difflib).
+
+'Did you mean' for a mistyped name: the catalog names closest to what was typed (difflib).
 
 A name is compared with case, dashes, underscores, dots and spaces ignored, so `Llama-3-70B` and
 `llama3_70b` find `llama3-70b`; then by difflib's similarity ratio (at least `CUTOFF`)."""
@@ -8,14 +11,24 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 
-# difflib's ratio above which a name counts as close: 0.75 finds one dropped or doubled character
-# in a short catalog name (`llama3-8` -> `llama3-8b`) without offering unrelated names.
-CUTOFF = 0.75
+# difflib's ratio from which a name counts as close: 0.8 finds a dropped, doubled or swapped
+# character in a catalog name (`llama3-70` -> `llama3-70b`, `h100` -> `h100-ib`) without offering
+# names that share only a family (`llama3-405b` for `llama3-70`: 0.78).
+CUTOFF = 0.8
 MAX_SUGGESTIONS = 3
 
 
 def _key(name: str) -> str:
     return "".join(c for c in name.lower() if c not in "-_. ")
+
+
+def same_name(name: str, names: Sequence[str]) -> str | None:
+    """The one name in `names` that `name` spells differently (`Llama-3-8B`, torchtitan's
+    `llama3_8b` for `llama3-8b`: case, dashes, underscores, dots and spaces ignored); None when
+    there is none, or more than one."""
+    typed = _key(name)
+    matches = [candidate for candidate in names if _key(candidate) == typed]
+    return matches[0] if len(matches) == 1 else None
 
 
 def close_names(name: str, names: Sequence[str]) -> list[str]:

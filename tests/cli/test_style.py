@@ -88,8 +88,8 @@ def test_close_names(typed: str, names: list[str], expected: list[str]) -> None:
     ("args", "needle"),
     [
         (
-            ["predict", "llama-3-70b"],
-            "model: unknown model 'llama-3-70b'; did you mean llama3-70b?",
+            ["predict", "llama3-70"],
+            "model: unknown model 'llama3-70'; did you mean llama3-70b or llama2-70b?",
         ),
         (["predict", "llama2-7b", "-c", "h100"], "did you mean h100-ib?"),
         (["predict", "llama2-7b", "--stack", "torchtitna"], "did you mean torchtitan?"),
@@ -104,3 +104,26 @@ def test_a_mistyped_name_gets_one_line_with_a_suggestion(
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
     assert "llama4-maverick" not in err  # the suggestion, not the whole catalog
+
+
+@pytest.mark.parametrize(
+    ("loader", "typed", "name"),
+    [
+        ("load_model", "llama3_8b", "llama3-8b"),  # torchtitan's spelling of the flavour
+        ("load_model", "Llama-3-8B", "llama3-8b"),
+        ("load_cluster", "H100-IB", "h100-ib"),
+        ("load_stack", "TorchTitan", "torchtitan"),
+        ("load_gpu", "h100_sxm5", "H100-SXM5"),
+    ],
+)
+def test_another_spelling_of_a_catalog_name_is_accepted(loader: str, typed: str, name: str) -> None:
+    from scalelab.config import catalog
+
+    assert getattr(catalog, loader)(typed).name == name
+
+
+def test_a_spelling_shared_by_two_names_is_not_guessed() -> None:
+    from scalelab.suggest import same_name
+
+    assert same_name("a-b", ["ab", "a_b"]) is None
+    assert same_name("A.B", ["ab", "cd"]) == "ab"

@@ -15,7 +15,7 @@ from scalelab.config.model import ModelSpec
 from scalelab.config.stack import DEFAULT_STACK, StackSpec
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
-from scalelab.suggest import unknown_name
+from scalelab.suggest import same_name, unknown_name
 
 
 @cache
@@ -61,8 +61,18 @@ def _pydantic_message(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
+def _catalog_name(kind: str, name: str) -> str:
+    """`name`, or the catalog name it spells another way (`Llama3_8B` -> `llama3-8b`)."""
+    if name in _catalog(kind):
+        return name
+    return same_name(name, list(_catalog(kind))) or name
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by name, or any decoder described in a YAML file."""
+    """A catalog model by name (any spelling of it: case, `-`, `_` and `.` do not matter), or any
+    decoder described in a YAML file."""
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("models", name_or_path)
     if name_or_path in _catalog("models"):
         data = dict(_catalog("models")[name_or_path])
         data.setdefault("name", name_or_path)
@@ -83,6 +93,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def load_gpu(name: str) -> GPUSpec:
+    name = _catalog_name("gpus", name)
     if name not in _catalog("gpus"):
         raise InputError(
             "gpu", unknown_name("GPU", name, gpu_names(), listed_by="scalelab hardware")
@@ -118,7 +129,10 @@ def cluster_from_dict(data: dict[str, Any], default_name: str) -> ClusterSpec:
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
-    """A catalog cluster by name, or a cluster YAML file (such as one `calibrate` wrote)."""
+    """A catalog cluster by name (any spelling of it), or a cluster YAML file (such as one
+    `calibrate` wrote)."""
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("clusters", name_or_path)
     if name_or_path in _catalog("clusters"):
         return cluster_from_dict(_catalog("clusters")[name_or_path], name_or_path)
     if _looks_like_file(name_or_path):
@@ -169,6 +183,8 @@ def load_stack(name_or_path: str | None = None) -> StackSpec:
     """A catalog stack by name (None: `generic`, which changes nothing), or a stack described in
     a YAML file. Catalog stacks are built once (the predictor asks for the default on every call)."""
     name_or_path = name_or_path or DEFAULT_STACK
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("stacks", name_or_path)
     if name_or_path in _catalog("stacks"):
         return _catalog_stack(name_or_path)
     if not _looks_like_file(name_or_path):
