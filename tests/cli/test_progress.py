@@ -74,9 +74,9 @@ def test_study_paper_shows_progress_on_a_terminal(tmp_path: Path) -> None:
 
 
 def test_a_short_study_on_a_terminal_keeps_stdout_clean(tmp_path: Path) -> None:
-    code, stdout, terminal = _on_terminal("study", "collectives", "--out", str(tmp_path))
+    code, stdout, terminal = _on_terminal("study", "hardware", "--out", str(tmp_path))
     assert code == 0, terminal
-    assert b"scalelab study collectives: collectives: " in terminal
+    assert b"scalelab study hardware: hardware: V100" in terminal
     assert b"\x1b" not in stdout and b"wrote" in stdout
 
 
