@@ -30,6 +30,10 @@ FENCE = re.compile(r"^```\s*([\w-]*)")
 COMMENT = re.compile(r"\s+#\s.*$")  # a trailing `   # note` (the docs write comments so)
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 
+# The checkout's folders a page's command may read (examples/sweeps/..., tests/data/traces/...); the
+# commands run in a scratch folder holding links to these, so what they write stays there.
+READ_FOLDERS = ("examples", "tests", "benchmarks", "src")
+
 # scalelab commands that are parsed, not run: (page, command as written) -> why.
 PARSED_ONLY: dict[tuple[str, str], str] = {
     # GPU nodes
@@ -141,7 +145,8 @@ def _parse(args: list[str]) -> None:
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_command_of_the_page(page: Path, tmp_path: Path) -> None:
     lines = shell_lines(page)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for folder in READ_FOLDERS:  # what the pages' commands read, as from a clone's root
+        (tmp_path / folder).symlink_to(ROOT / folder)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "160", "NO_COLOR": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
     bin_dir = tmp_path / "bin"  # `scalelab` on PATH is this checkout's
