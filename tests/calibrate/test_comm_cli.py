@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 @pytest.mark.distributed
 def test_comm_sweep_on_gloo_then_calibrate(cli, tmp_path) -> None:
-    """The README's laptop path: a real two-process gloo sweep, then a fitted cluster file."""
+    """docs/calibration.md's laptop path (its commands are parsed by tests/docs): a real two-process gloo sweep, then a fitted cluster file."""
     runs = tmp_path / "runs"
     r = cli(
         "comm",

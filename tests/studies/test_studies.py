@@ -176,3 +176,32 @@ def test_f2_names_the_comm_only_power_it_would_need() -> None:
     assert need["comm_only_w"] < need["needed_w_at_tolerance"] < need["needed_w"]
     assert need["needed_w"] < need["compute_w"]
     assert 0.2 < need["comm_only_share_2048"] < 0.6
+
+
+def test_the_docs_quote_the_findings_count(paper) -> None:
+    """docs/figures.yaml's findings count is what `study paper` computes (README and docs quote it)."""
+    import yaml
+
+    _, doc = paper
+    figures = yaml.safe_load((Path(__file__).parents[2] / "docs" / "figures.yaml").read_text())
+    assert figures["findings_within"]["text"] == f"{doc['within']} of {len(doc['findings'])}"
+
+
+def test_the_docs_findings_table_is_what_the_study_computes(paper) -> None:
+    """docs/study.md's findings table: each row's scalelab value (to its printed digits) and
+    within/outside, as `study paper` computes them now."""
+    import re
+
+    _, doc = paper
+    computed = {f["id"]: f for f in doc["findings"]}
+    page = (Path(__file__).parents[2] / "docs" / "study.md").read_text()
+    rows = [line.split("|")[1:-1] for line in page.splitlines() if re.match(r"\| F\d+ \|", line)]
+    assert {cells[0].strip() for cells in rows} == set(computed)
+    for cells in rows:
+        finding = computed[cells[0].strip()]
+        shown = re.search(r"[-−+]?\d+(\.\d+)?", cells[3]).group(0).replace("−", "-")
+        digits = len(shown.split(".")[1]) if "." in shown else 0
+        assert float(shown) == pytest.approx(
+            float(finding["predicted_text"]), abs=0.51 * 10**-digits
+        )
+        assert ("no" not in cells[5]) == finding["within"], cells[0]

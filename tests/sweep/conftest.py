@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 EXAMPLES = ROOT / "examples" / "sweeps"
-# The README's local sweep is the one the tests run, so the two cannot drift apart.
+# docs/sweep.md's local sweep is the one the tests run, so the two cannot drift apart.
 TINY2 = (EXAMPLES / "llama-tiny2.yaml").read_text()
 TINY_SWEEP = (EXAMPLES / "tiny-local.yaml").read_text()
 

@@ -386,6 +386,21 @@ def test_the_page_escapes_what_records_say(tmp_path: Path) -> None:
     write_record(failed, folder)
     build_report(folder, tmp_path / "report")
     page = (tmp_path / "report" / "index.html").read_text()
-    assert "<td class=\"text\">&lt;b&gt;fsdp&lt;/b&gt;</td>" in page
+    assert '<td class="text">&lt;b&gt;fsdp&lt;/b&gt;</td>' in page
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<h2>Failed and OOM runs</h2>" in page and 'class="failed">failed</span>' in page
+
+
+def test_report_tells_its_steps_when_asked(
+    records: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCALELAB_PROGRESS", "1")  # stderr is not a terminal here: plain lines
+    main(["report", str(records), "--out", str(tmp_path / "report"), "--predict", "--json"])
+    captured = capsys.readouterr()
+    steps = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in captured.err.splitlines()]
+    assert steps[0] == "reading records" and "predicting 5 records" in steps
+    assert steps[-1] == "index.html"
+    json.loads(captured.out)  # stdout is still one JSON document

@@ -58,6 +58,7 @@ def _build_app() -> typer.Typer:
         app = _new_app()
         for name in _VERB_MODULES:
             import_module(f"scalelab.cli.{name}").register(app)
+        import_module("scalelab.cli.style").apply(app)  # one help style for every verb
         _APP = app  # only a complete app is kept: a failed import leaves none half-registered
     return _APP
 

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, only_with, print_json, writable_folder
+from scalelab.cli.progress import progress
 from scalelab.errors import InputError
 from scalelab.io import refuse_clobber
 
@@ -120,15 +121,20 @@ def calibrate(
     writable_folder("out", out.parent)
     if fit_stack_names:
         writable_folder("stack-out", stack_out.parent)
-    result = fit(cluster, comm_points, step_points, names)
-    path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
-    stack_fit: dict[str, Any] = {}
-    if fit_stack_names:
-        from scalelab.calibrate import fit_and_write_stack
-
-        stack_fit = fit_and_write_stack(
-            cluster, result, run_stack, step_points, fit_stack_names, stack_out, len(loaded)
+    with progress("scalelab calibrate", json_out=json_out) as step:
+        step(
+            f"fitting {cluster.name} to {len(comm_points)} comm and {len(step_points)} step points"
         )
+        result = fit(cluster, comm_points, step_points, names)
+        path = write_cluster_yaml(cluster, result, out, note=f"{len(loaded)} records")
+        stack_fit: dict[str, Any] = {}
+        if fit_stack_names:
+            from scalelab.calibrate import fit_and_write_stack
+
+            step(f"fitting {', '.join(fit_stack_names)} of stack {run_stack.name}")
+            stack_fit = fit_and_write_stack(
+                cluster, result, run_stack, step_points, fit_stack_names, stack_out, len(loaded)
+            )
     if json_out:
         print_json({**result.to_dict(), "cluster_file": str(path), "skipped": skipped, **stack_fit})
         return

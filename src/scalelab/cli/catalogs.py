@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Annotated
+
 import typer
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, print_json
+
+if TYPE_CHECKING:
+    from scalelab.config.hardware import ClusterSpec, GPUSpec
+
 from scalelab.config.catalog import (
     cluster_names,
     gpu_names,
@@ -107,8 +113,21 @@ def models(json_out: JsonOpt = False) -> None:
     )
 
 
-def hardware(json_out: JsonOpt = False) -> None:
-    """List the GPU and cluster catalogs with their datasheet numbers."""
+SourcesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sources",
+        help="print where every number comes from (datasheets, fits, assumptions) instead of the "
+        "tables; with --json the sources are always in the document",
+    ),
+]
+
+
+def hardware(json_out: JsonOpt = False, sources: SourcesOpt = False) -> None:
+    """List the GPU and cluster catalogs with their datasheet numbers.
+
+    A peak is shown only for a precision the GPU has units for (no fp8 before Hopper and CDNA 3, no
+    bf16 on V100); a job in such a precision is priced at the GPU's 16-bit rate."""
     gpus = [load_gpu(name) for name in gpu_names()]
     clusters = [load_cluster(name) for name in cluster_names()]
     if json_out:
@@ -121,9 +140,13 @@ def hardware(json_out: JsonOpt = False) -> None:
             }
         )
         return
-    gt = Table(title="GPUs (dense peaks)")
+    if sources:
+        _print_sources(gpus, clusters)
+        return
+    gt = Table(title="GPUs (dense peaks; - where the GPU has no units for the precision)")
     for col in (
         "name",
+        "fp16 TF/s",
         "bf16 TF/s",
         "fp8 TF/s",
         "block-scaled TF/s",
@@ -139,7 +162,10 @@ def hardware(json_out: JsonOpt = False) -> None:
     for g in gpus:
         gt.add_row(
             g.name,
-            *(f"{g.peak_tflops[p]:.0f}" if p in g.peak_tflops else "-" for p in ("bf16", "fp8")),
+            *(
+                f"{g.peak_tflops[p]:.0f}" if p in g.peak_tflops else "-"
+                for p in ("fp16", "bf16", "fp8")
+            ),
             ", ".join(
                 f"{fmt} {g.peak_tflops[fmt]:.0f}"
                 for fmt in ("mxfp8", "nvfp4", "mxfp4")
@@ -166,5 +192,26 @@ def hardware(json_out: JsonOpt = False) -> None:
             f"{c.nics_per_node} x {c.nic_gbps:g} Gb/s",
             f"{c.nic_bytes_per_s_per_gpu / 1e9:g}",
         )
+    console.print(gt)
+    console.print(ct)
+
+
+def _print_sources(gpus: list[GPUSpec], clusters: list[ClusterSpec]) -> None:
+    """One row per catalog entry and what its numbers rest on, as the YAML files state it."""
+    gt = Table(title="GPUs: where the numbers come from (config/catalog/gpus.yaml)")
+    gt.add_column("name", no_wrap=True)
+    gt.add_column("source")
+    for g in gpus:
+        gt.add_row(g.name, g.source or "-")
+    ct = Table(title="clusters: where the numbers come from (config/catalog/clusters.yaml)")
+    ct.add_column("name", no_wrap=True)
+    ct.add_column("what")
+    ct.add_column("source")
+    for c in clusters:
+        ct.add_row(c.name, "wiring and NICs", c.source or "-")
+        if c.host_source:
+            ct.add_row("", "host CPU", c.host_source)
+        if c.params.source:
+            ct.add_row("", "predictor parameters", c.params.source)
     console.print(gt)
     console.print(ct)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from scalelab.cli.common import JsonOpt, console, only_with, print_json
+from scalelab.cli.progress import progress
 
 DirArg = Annotated[
     Path,
@@ -61,7 +62,10 @@ def report(
     from scalelab.report import build_report
 
     only_with("--cluster", cluster is not None, "--predict", predict)
-    result = build_report(directory, out, predict=predict, cluster=cluster, tensorboard=tensorboard)
+    with progress("scalelab report", json_out=json_out) as step:
+        result = build_report(
+            directory, out, predict=predict, cluster=cluster, tensorboard=tensorboard, progress=step
+        )
     if json_out:
         print_json(result.to_dict())
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +22,7 @@ from scalelab.cli.common import (
     err_console,
     print_json,
 )
+from scalelab.cli.progress import progress
 from scalelab.config.catalog import load_cluster, load_model, load_stack
 from scalelab.config.layout import Layout
 from scalelab.config.stack import DEFAULT_STACK
@@ -74,8 +74,8 @@ def search_command(
     spec = load_model(model)
     cluster_spec = load_cluster(cluster)
     allowed = build_constraints(**constraints)
-    status = err_console.status(f"searching every layout of {escape(spec.name)} on {gpus} GPUs")
-    with contextlib.nullcontext() if json_out else status:
+    with progress("scalelab search", json_out=json_out) as step:
+        step(f"every layout of {spec.name} on {gpus} GPUs")
         result = search(
             spec,
             cluster_spec,

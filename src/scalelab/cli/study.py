@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from scalelab.cli.common import JsonOpt, console, err_console, print_json
+from scalelab.cli.common import JsonOpt, console, print_json
+from scalelab.cli.progress import progress
 from scalelab.studies import NAMES, run_study
 
 
@@ -26,16 +26,8 @@ def study(
 ) -> None:
     """Run a preset experiment: figures (PNG + JSON), CSVs, report.md and report.html in the output folder."""
     folder = out or Path("scalelab-out") / name
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=json_out,
-    ) as progress:
-        task = progress.add_task(f"study {escape(name)}", total=None)
-        result = run_study(name, folder, lambda text: progress.update(task, description=text))
+    with progress(f"scalelab study {name}", json_out=json_out) as step:
+        result = run_study(name, folder, step)
     if json_out:
         print_json(
             {

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.cli.common import JsonOpt, console, only_with, print_json, safe_print
+from scalelab.cli.progress import progress
 
 DataOpt = Annotated[
     Path | None,
@@ -59,7 +60,13 @@ def validate(
     data: DataOpt = None,
     review: ReviewOpt = None,
     json_out: JsonOpt = False,
-    rows: bool = False,
+    rows: Annotated[
+        bool,
+        typer.Option(
+            "--rows",
+            help="with --json, also list every run used: its prediction, measurement and error",
+        ),
+    ] = False,
     explain: ExplainOpt = None,
     cross_validate: CrossOpt = False,
     skipped_out: SkippedOpt = None,
@@ -77,7 +84,9 @@ def validate(
         for line in explain_row(explain, data, review):
             safe_print(line)
         return
-    report = run_validation(data, review, with_cross_validation=cross_validate)
+    with progress("scalelab validate", json_out=json_out) as step:
+        step("predicting every run" + (", then each source held out" if cross_validate else ""))
+        report = run_validation(data, review, with_cross_validation=cross_validate)
     if skipped_out is not None:
         from scalelab.validate import write_skip_reasons
 

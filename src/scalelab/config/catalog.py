@@ -15,6 +15,7 @@ from scalelab.config.model import ModelSpec
 from scalelab.config.stack import NEUTRAL_STACK, StackSpec
 from scalelab.errors import InputError
 from scalelab.io import load_user_yaml
+from scalelab.suggest import same_name, unknown_name
 
 
 @cache
@@ -59,8 +60,18 @@ def _pydantic_message(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _catalog_name(kind: str, name: str) -> str:
+    """`name`, or the catalog name it spells another way (`Llama3_8B` -> `llama3-8b`)."""
+    if name in _catalog(kind):
+        return name
+    return same_name(name, list(_catalog(kind))) or name
+
+
 def load_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by name, or any decoder described in a YAML file."""
+    """A catalog model by name (any spelling of it: case, `-`, `_` and `.` do not matter), or any
+    decoder described in a YAML file."""
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("models", name_or_path)
     if name_or_path in _catalog("models"):
         data = dict(_catalog("models")[name_or_path])
         data.setdefault("name", name_or_path)
@@ -70,7 +81,9 @@ def load_model(name_or_path: str) -> ModelSpec:
     else:
         raise InputError(
             "model",
-            f"unknown model '{name_or_path}'; choose one of {', '.join(model_names())} or a YAML file",
+            unknown_name(
+                "model", name_or_path, model_names(), listed_by="scalelab models", or_file=True
+            ),
         )
     try:
         return ModelSpec(**data)
@@ -79,8 +92,11 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def load_gpu(name: str) -> GPUSpec:
+    name = _catalog_name("gpus", name)
     if name not in _catalog("gpus"):
-        raise InputError("gpu", f"unknown GPU '{name}'; choose one of {', '.join(gpu_names())}")
+        raise InputError(
+            "gpu", unknown_name("GPU", name, gpu_names(), listed_by="scalelab hardware")
+        )
     return GPUSpec(name=name, **_catalog("gpus")[name])
 
 
@@ -112,14 +128,19 @@ def cluster_from_dict(data: dict[str, Any], default_name: str) -> ClusterSpec:
 
 
 def load_cluster(name_or_path: str) -> ClusterSpec:
-    """A catalog cluster by name, or a cluster YAML file (such as one `calibrate` wrote)."""
+    """A catalog cluster by name (any spelling of it), or a cluster YAML file (such as one
+    `calibrate` wrote)."""
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("clusters", name_or_path)
     if name_or_path in _catalog("clusters"):
         return cluster_from_dict(_catalog("clusters")[name_or_path], name_or_path)
     if _looks_like_file(name_or_path):
         return cluster_from_dict(_read_yaml("cluster", name_or_path), Path(name_or_path).stem)
     raise InputError(
         "cluster",
-        f"unknown cluster '{name_or_path}'; choose one of {', '.join(cluster_names())} or a YAML file",
+        unknown_name(
+            "cluster", name_or_path, cluster_names(), listed_by="scalelab hardware", or_file=True
+        ),
     )
 
 
@@ -161,12 +182,16 @@ def load_stack(name_or_path: str | None = None) -> StackSpec:
     """A catalog stack by name (None: `generic`, which changes nothing), or a stack described in
     a YAML file. Catalog stacks are built once (the predictor asks for the default on every call)."""
     name_or_path = name_or_path or NEUTRAL_STACK
+    if not _looks_like_file(name_or_path):
+        name_or_path = _catalog_name("stacks", name_or_path)
     if name_or_path in _catalog("stacks"):
         return _catalog_stack(name_or_path)
     if not _looks_like_file(name_or_path):
         raise InputError(
             "stack",
-            f"unknown stack '{name_or_path}'; choose one of {', '.join(stack_names())} or a YAML file",
+            unknown_name(
+                "stack", name_or_path, stack_names(), listed_by="scalelab stacks", or_file=True
+            ),
         )
     data = _read_yaml("stack", name_or_path)
     data.setdefault("name", Path(name_or_path).stem)

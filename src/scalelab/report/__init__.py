@@ -7,6 +7,7 @@ count, `html` writes the page.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,11 @@ def build_report(
     predict: bool = False,
     cluster: str | None = None,
     tensorboard: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ReportResult:
     """Load every bench record under `records_dir` and write the report into `out`; with
-    `tensorboard`, also TensorBoard event files there (one run per record and repeat)."""
+    `tensorboard`, also TensorBoard event files there (one run per record and repeat); `progress`
+    is told each step as it starts (the CLI shows it on stderr)."""
     import pandas as pd
 
     from scalelab.config.catalog import load_cluster
@@ -71,8 +74,12 @@ def build_report(
         from scalelab.report.tensorboard import _writer_class
 
         _writer_class()  # no writer installed: one clear line before any work
+    step = progress or (lambda text: None)
+    step("reading records")
     loaded = data.load(src)
     obs = data.observations(loaded)
+    if predict:
+        step(f"predicting {len(obs)} records")
     notes = data.add_predictions(obs, cluster) if predict else []
     tensorboard_runs: list[Path] = []
     if tensorboard is not None:
@@ -88,9 +95,11 @@ def build_report(
         row["path"] = str(path)
         frame_rows.append(row)
     df = pd.DataFrame(frame_rows)
+    step("writing records.parquet and records.csv")
     exports = [export(df, dest / "records.parquet"), export(df, dest / "records.csv")]
     summary = [r.flat() for r in rows]
     tables = [write_csv(dest / "summary.csv", summary)] if summary else []
+    step(f"figures of {len(rows)} configurations")
     figs = figures.all_figures(rows, dest, predict)
     loss = figures.loss_figure(obs, dest / "loss.png")
     if loss is not None:
@@ -98,6 +107,7 @@ def build_report(
     breakdown = figures.breakdown_figure(obs, dest / "step_breakdown.png")
     if breakdown is not None:
         figs["breakdown"] = breakdown
+    step("index.html")
     page = html.page(
         title=f"scalelab report: {src.resolve().name}",
         source=str(src),

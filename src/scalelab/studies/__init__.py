@@ -10,6 +10,7 @@ from scalelab.errors import InputError
 from scalelab.studies import collectives, grid, moe, scaling
 from scalelab.studies.common import DEFAULT, Assumptions, StudyOutput, write_report
 from scalelab.studies.html import write_html
+from scalelab.suggest import unknown_name
 
 Runner = Callable[[Path, Assumptions, Callable[[str], None]], StudyOutput]
 
@@ -53,7 +54,7 @@ def run_study(
 ) -> dict[str, Any]:
     """Run one preset (or `paper`, all of them plus the findings); return what it wrote."""
     if name not in NAMES:
-        raise InputError("study", f"unknown study '{name}'; choose one of {', '.join(NAMES)}")
+        raise InputError("study", unknown_name("study", name, NAMES))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
