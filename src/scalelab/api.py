@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from scalelab.config.hardware import ClusterSpec
 from scalelab.config.layout import Layout
 from scalelab.config.model import ModelSpec
-from scalelab.config.stack import StackSpec
+from scalelab.config.stack import DEFAULT_STACK, StackSpec
 from scalelab.errors import InputError
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ def predict(
     cluster: str | ClusterSpec = "h100-ib",
     *,
     gpus: int = 8,
-    stack: str | StackSpec | None = "generic",
+    stack: str | StackSpec | None = DEFAULT_STACK,
     layout: Layout | None = None,
     **layout_fields: Any,
 ) -> LayoutPrediction:
@@ -244,7 +244,7 @@ def search(
     cluster: str | ClusterSpec = "h100-ib",
     *,
     gpus: int = 8,
-    stack: str | StackSpec | None = "generic",
+    stack: str | StackSpec | None = DEFAULT_STACK,
     global_batch: int | None = None,
     seq_len: int | None = None,
     objective: str = "throughput",
@@ -258,7 +258,7 @@ def search(
         model: a catalog model name, a YAML file, or a `ModelSpec`.
         cluster: a catalog cluster name, a YAML file, or a `ClusterSpec`.
         gpus: number of GPUs.
-        stack: the framework whose rules and behaviour apply (default `generic`: every option).
+        stack: the framework whose rules and behaviour apply (default `torchtitan`, as the CLI's; `generic`: any combination, for what-if questions).
         global_batch: sequences per step (default: one per GPU).
         seq_len: tokens per sequence (default: the model's).
         objective: `throughput`, `tokens-per-joule` or `mfu`.

@@ -104,13 +104,15 @@ def test_flight_recorder_dumps_name_the_stuck_collective_and_missing_ranks(
         paths.append(path)
     (folder / "job-rank3").write_bytes(b"not a pickle")  # a rank that died mid-dump is skipped
     paths.append(folder / "job-rank3")
-    stuck = stuck_collective(read_dumps(paths))
+    stuck = stuck_collective(read_dumps(paths).entries)
     assert stuck is not None
     assert (stuck.collective, stuck.seq, stuck.arrived, stuck.missing) == (
-        "nccl:all_reduce",
+        "AllReduce",  # the recorder's profiling name, named as the collective
         7,
         [0, 2],
         [1],
     )
-    assert "rank(s) 1 did not arrive" in (explain(paths) or "")
+    sentence, unread = explain(paths)
+    assert sentence is not None and "rank(s) 1 never arrived" in sentence, sentence
+    assert any("job-rank3" in note for note in unread)  # the rank that died mid-dump, said
     assert stuck_collective({0: done, 1: done}) is None

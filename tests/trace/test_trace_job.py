@@ -3,7 +3,6 @@ clocks shifted, one rank late), analysed together with stragglers (issue 33, ite
 
 from __future__ import annotations
 
-import resource
 from pathlib import Path
 
 from trace_helpers import TRACES
@@ -37,6 +36,5 @@ def test_1024_ranks_with_their_straggler(tmp_path: Path) -> None:
     # Every rank holds the same trace: the same breakdown, shifted in time.
     first = report.ranks[0]
     assert all(r.total.to_dict() == first.total.to_dict() for r in report.ranks)
-    # This process never held more than its reports: far below one parsed file per rank.
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    assert peak_mib < 1024, peak_mib
+    # Peak memory is a benchmark figure (benchmarks/trace_speed.py --job 1024, docs/benchmarks.md),
+    # not asserted here: this process's peak includes every earlier test of the suite.

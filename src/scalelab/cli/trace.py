@@ -141,7 +141,15 @@ def trace(
             "--workers", help="processes for a multi-rank run (default: the usable cores)"
         ),
     ] = None,
-    parser: Annotated[str, typer.Option("--parser", hidden=True)] = "auto",
+    parser: Annotated[
+        str,
+        typer.Option(
+            "--parser",
+            hidden=True,
+            help="auto (the typed decoder where a file fits it) or general (every file read as "
+            "plain JSON); for checking one against the other",
+        ),
+    ] = "auto",
 ) -> None:
     """Where each rank's time goes, who makes the others wait, and why the GPU sits idle."""
     if paths and str(paths[0]) == "diff" and not os.path.exists("diff"):

@@ -650,6 +650,10 @@ def _read_degrees(r: _Reader, f: dict[str, Any]) -> None:
         return
     dp = r.integer("dp", "dp")
     cp = r.integer("cp", "cp")
+    for name, value in (("dp", dp), ("cp", cp)):
+        if value is not None and value <= 0:
+            r.problem(f"{name} must be positive ({name} = {r.text(name)!r})")
+            return
     if cp is None:
         if dp is not None and tp * pp * dp == gpus:
             cp = 1
