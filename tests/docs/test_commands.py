@@ -60,6 +60,13 @@ PARSED_ONLY: dict[tuple[str, str], str] = {
     ("calibration.md", "scalelab bench llama-tiny --nproc-per-node 2 --sharding fsdp --steps 10 --warmup 2 --repeats 2 --out runs/"): "CPU minutes",
     ("calibration.md", "scalelab calibrate runs/ --base cpu-gloo --out my-cluster.yaml"): "tests/calibrate/test_comm_cli.py",
     ("calibration.md", "scalelab predict llama-tiny --gpus 2 --cluster my-cluster.yaml"): "the cluster file calibrate writes",
+    # A user's own files (the README's "validate on your own runs"): tests/validate and tests/runs
+    # run these verbs on tables and a torchtitan log they write.
+    ("README.md", "scalelab validate --data my_runs.csv"): "a user's own table",
+    ("README.md", "scalelab validate --data my_runs.csv --explain 3"): "a user's own table",
+    ("README.md", "scalelab validate --data my_runs.csv --json --skipped why.csv"): "a user's own table",
+    ("README.md", "scalelab runs import train.log --from torchtitan --config job.toml --out runs.csv"): "a user's torchtitan log (tests/runs)",
+    ("report.md", "scalelab report runs/ --out runs/report --tensorboard runs/tb"): "a folder of bench records (tests/sweep/test_report.py reports one with --tensorboard and reads the event files back)",
 }  # fmt: skip
 
 # Other programs' lines: the first word(s) -> where they are checked instead.
@@ -77,6 +84,9 @@ OTHER_PROGRAMS: dict[str, str] = {
     "head=$(scontrol": "a SLURM batch script",
     "srun": "a SLURM batch script",
     "xdg-open": "opens a browser",
+    "tensorboard --logdir": "starts TensorBoard's web server (tests/sweep/test_report.py reads the files with its EventAccumulator)",
+    "pip install": "installs: .ci/run installs the extras the tests need",
+    "SCALELAB_MAX_INPUT_MIB=": "a user's large folder; the bound is tested in tests/hostile/test_classes.py",
 }
 
 

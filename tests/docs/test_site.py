@@ -17,7 +17,7 @@ README = ROOT / "README.md"
 FIRST_COMMANDS = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && scalelab study paper",
     "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && "
-    'pip install -e ".[measure,fp8,test]" && pytest',
+    'pip install -e ".[measure,report,slurm,fp8,test]" && pytest',
 )
 
 
