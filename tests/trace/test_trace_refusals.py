@@ -115,3 +115,22 @@ def test_single_rank_bandwidth_is_a_lower_bound_and_a_whole_group_is_not(tmp_pat
     write_job(TRACES / "a100-ddp-rank0-of-2.json.gz", tmp_path / "job", 2, late_rank=1, late_us=40)
     together = [row for r in analyze(tmp_path / "job").ranks for row in r.bandwidth]
     assert together and not any(row.lower_bound for row in together if row.group_size == 2)
+
+
+def test_an_endless_file_and_a_gzip_bomb_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34 class 3 through the trace reader: a link to /dev/zero is not read at all, and a
+    small gzip that inflates past the input bound stops at the bound."""
+    from scalelab.trace.load import read_bytes
+
+    endless = tmp_path / "rank0.json"
+    endless.symlink_to("/dev/zero")
+    with pytest.raises(InputError, match="not a regular file"):
+        read_bytes(endless)
+    monkeypatch.setenv("SCALELAB_MAX_INPUT_MIB", "1")
+    bomb = tmp_path / "rank1.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (3 * 2**20) + b"]}"))
+    assert bomb.stat().st_size < 2**15
+    with pytest.raises(InputError, match="inflates to more than the 1 MiB"):
+        read_bytes(bomb)

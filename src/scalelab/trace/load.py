@@ -130,41 +130,45 @@ def read_trace(path: str | Path, *, parser: Parser = "auto") -> RawTrace:
 
 
 def read_bytes(path: str | Path) -> bytes:
-    """A trace file's bytes, decompressed."""
+    """A trace file's bytes, decompressed: a regular file only (a link to /dev/zero, a FIFO or a
+    folder is refused), read and inflated up to `scalelab.io`'s bound on one input file
+    (`SCALELAB_MAX_INPUT_MIB`), so that neither an endless file nor a gzip bomb is read to its end."""
+    from scalelab.io import max_input_bytes, read_user_bytes
+
     where = str(path)
-    try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError as exc:
-        raise InputError(where, f"cannot read the file ({exc.strerror or exc})") from None
+    limit = max_input_bytes()
+    data = read_user_bytes(where, path, limit=limit)
     if data[:2] == GZIP_MAGIC:
-        data = inflate(data, where)
+        data = inflate(data, where, limit)
     if not data.strip():
         raise InputError(where, "empty file: a trace is a JSON object with a 'traceEvents' list")
     return data
 
 
-def inflate(data: bytes, where: str) -> bytes:
-    """A gzip file's bytes decompressed (InputError if corrupt or truncated): with ISA-L (the
-    `isal` package, the `fast` extra: 2-3x faster) when installed, else zlib; the gzip trailer's
-    CRC is checked by either."""
+def inflate(data: bytes, where: str, limit: int) -> bytes:
+    """A gzip file's bytes decompressed to at most `limit` bytes (InputError if corrupt, truncated
+    or larger): with ISA-L (the `isal` package, the `fast` extra: 2-3x faster) when installed, else
+    zlib; the gzip trailer's CRC is checked by either."""
+    from scalelab.io import gunzip_bounded
+
     try:
         decompressor = _inflate.decompressobj(31)  # 31: a gzip header and trailer
-        out = decompressor.decompress(data)
+        out = decompressor.decompress(data, limit + 1)
         eof, rest = decompressor.eof, decompressor.unused_data
     except Exception as exc:  # zlib.error or isal's own error type
         raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
+    if len(out) > limit:
+        raise InputError(
+            where,
+            f"inflates to more than the {limit / 2**20:g} MiB scalelab reads from one input file "
+            "(set SCALELAB_MAX_INPUT_MIB to raise the bound)",
+        )
     if not eof:
         raise InputError(
             where, "truncated gzip file: the compressed data ends before its end marker"
         )
-    if rest and rest.strip(b"\0"):  # several gzip members (concatenated files): the general reader
-        import gzip
-
-        try:
-            return gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise InputError(where, f"corrupt gzip file ({_one_line(exc)})") from None
+    if rest and rest.strip(b"\0"):  # several gzip members (concatenated files)
+        return gunzip_bounded(where, Path(where), data, limit)
     return bytes(out)
 
 
