@@ -222,7 +222,7 @@ def test_trace_help_is_typers_like_every_verb(capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(
     ("extra", "fragments"),
     [
-        (["--plot-step", "3"], ("--plot-step", "--plot DIR")),
+        (["--plot-step", "3"], ("plot-step", "applies only with --plot")),
         (["--plot", "PLOTS", "--plot-step", "-1"], ("--plot-step", "0 or more", "-1")),
         (["--kernel-wait-ns", "-5"], ("--kernel-wait-ns", "0 or more")),
         (["--workers", "0"], ("--workers", "1 or more")),
@@ -280,3 +280,19 @@ def test_one_ranks_bandwidth_table_says_lower_bound(capsys: pytest.CaptureFixtur
     code, out, _ = run_cli([str(TRACES / "a100-ddp-rank0-of-2.json.gz"), "--bandwidth"], capsys)
     assert code == 0
     assert "LOWER BOUNDS" in out and "waits included" in out
+
+
+def test_kernel_names_reach_the_terminal_with_control_characters_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 34 class 4: a kernel name holding ESC sequences (from a trace file) is shown escaped."""
+    name = "gemm\x1b]0;pwned\x07\x1b[2J_kernel"
+    events = [
+        x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        x(name, 10, 50, cat="kernel", pid=0, tid=7),
+    ]
+    trace = write_trace(tmp_path / "rank0.json", events)
+    code, out, err = run_cli([str(trace), "--kernels"], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b" in out  # shown, escaped

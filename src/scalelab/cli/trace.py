@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli.safe import SafeConsole, only_with, safe_print
 from scalelab.errors import InputError
 from scalelab.trace.kernels import KERNEL_WAIT_NS
 from scalelab.trace.report import Breakdown, RankReport, TraceReport
 
-# (not `cli.common`'s: it imports the layout flags' models, which this verb does not need)
-console = Console(width=None if sys.stdout.isatty() else 160)
+# (not `cli.common`'s: it imports the layout flags' models, which this verb does not need); kernel
+# and file names come from traces, so the console shows their control characters escaped.
+console = SafeConsole(width=None if sys.stdout.isatty() else 160)
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON document and nothing else")]
 
 
@@ -155,8 +156,7 @@ def trace(
     if paths and str(paths[0]) == "diff" and not os.path.exists("diff"):
         _run_diff(paths[1:], json_out)
         return
-    if plot_step is not None and plot is None:
-        raise InputError("--plot-step", "draws a step of --plot: give --plot DIR too")
+    only_with("--plot-step", plot_step is not None, "--plot", plot is not None)
     if plot_step is not None and plot_step < 0:
         raise InputError("--plot-step", f"must be a step number (0 or more), not {plot_step}")
     if kernel_wait_ns < 0:
@@ -178,7 +178,7 @@ def trace(
         kernel_wait_ns=kernel_wait_ns,
     )
     for bad, reason in report.skipped:
-        print(f"scalelab trace: skipped {bad}: {reason}", file=sys.stderr)
+        safe_print(f"scalelab trace: skipped {bad}: {reason}", stderr=True)
     if cluster:
         _add_predictions(report, cluster)
     written: list[Path] = []
