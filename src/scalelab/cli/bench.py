@@ -328,15 +328,14 @@ def bench(
 def dry_run_plan(layout: Any, spec: Any, gpus_per_node: int) -> dict[str, Any]:
     """What `scalelab bench` would run for `layout` (torch-free): ranks, the mesh (and the
     expert mesh), and each pipeline rank's stages with their layers."""
+    from scalelab.config.pipeline import layout_stages, rank_stage_ids
     from scalelab.config.stack_rules import data_parallel_degrees
 
     replicate, shard = data_parallel_degrees(layout, gpus_per_node)
     mesh = {"pp": layout.pp, "dp_replicate": replicate, "dp_shard": shard}
     mesh |= {"cp": layout.cp, "tp": layout.tp}
-    from scalelab.config.pipeline import layout_stages, rank_stage_ids
-
     split = layout_stages(spec, layout)
-    stages = []
+    stages: list[dict[str, Any]] = []
     for pp_rank in range(layout.pp):
         for stage in rank_stage_ids(layout, pp_rank):
             chunk = split[stage]
