@@ -207,29 +207,42 @@ def load_user_json(field: str, path: str | Path) -> object:
         raise InputError(field, f"{path} is nested too deeply to be read") from None
 
 
-def csv_records(text: str, where: str) -> tuple[list[str], list[dict[str, str]]]:
+def csv_records(
+    text: str, where: str, *, delimiters: str = ","
+) -> tuple[list[str], list[dict[str, str]]]:
     """CSV text as its header and one dict per row. A row with more or fewer fields than the header
     (a line cut short, a stray comma) or a malformed one (an open quote, a NUL byte) is an
-    InputError naming its line, rather than a row read with fields missing or shifted."""
+    InputError naming its line, rather than a row read with fields missing or shifted. A UTF-8
+    byte-order mark (Excel's "CSV UTF-8" writes one) is not part of the first column's name, and
+    blank lines (or lines of empty cells) are skipped. With several `delimiters` (",;\t": what
+    people export), the header line tells which one the file uses."""
+    import contextlib
     import csv
     import io
 
     from scalelab.errors import InputError
 
-    # A UTF-8 byte-order mark (Excel's "CSV UTF-8" writes one) is not part of the first column's
-    # name: kept, it would make a present column "missing".
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    text = text.removeprefix("\ufeff")
+    delimiter = delimiters[0]
+    if len(delimiters) > 1:
+        first_line = text.split("\n", 1)[0]
+        with contextlib.suppress(csv.Error):  # one column: nothing to sniff, the first one
+            delimiter = csv.Sniffer().sniff(first_line, delimiters=delimiters).delimiter
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader, [])
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:
+            raise InputError(where, f"column {repeated[0]!r} appears more than once in the header")
         rows = []
         for fields in reader:
-            if not fields:
-                continue  # a blank line
+            if not any(f.strip() for f in fields):
+                continue
             if len(fields) != len(header):
                 raise InputError(
                     where,
                     f"line {reader.line_num}: {len(fields)} fields where the header has "
-                    f"{len(header)} (a line cut short or a stray comma?)",
+                    f"{len(header)} (a line cut short or a stray {delimiter!r}?)",
                 )
             rows.append(dict(zip(header, fields, strict=True)))
     except csv.Error as exc:

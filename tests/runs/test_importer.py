@@ -324,3 +324,17 @@ def test_a_formula_named_after_a_framework_in_the_notes_names_no_framework() -> 
     assert reading.run is not None and reading.run.stack == ""
     named = read(notes="FlashAttention", model="Llama 2 7B (Megatron-LM)")
     assert named.run is not None and named.run.stack == "Megatron-LM"
+
+
+def test_a_column_named_twice_is_one_line_naming_it() -> None:
+    """Two headers that read as one column (`GPUs`, `gpus `) would silently drop one: refused."""
+    import pytest
+
+    from scalelab.errors import InputError
+    from scalelab.io import csv_records
+    from scalelab.runs.importer import read_table
+
+    with pytest.raises(InputError, match="'gpus' appears more than once"):
+        csv_records("gpus,gpus\n8,16\n", "data")
+    with pytest.raises(InputError, match="two columns read as 'gpus'"):
+        read_table("GPUs;gpus \n8;16\n")

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from scalelab.config.catalog import cluster_names, load_cluster, load_gpu
 from scalelab.config.model import ModelSpec
 from scalelab.errors import InputError
-from scalelab.io import read_user_text
+from scalelab.io import csv_records, read_user_text
 from scalelab.runs import rules
 from scalelab.runs.knowledge import StackDefaults, reading_rules
 from scalelab.runs.schema import NAMED_TAG, FlopFormula, MeasuredQuantity, Run
@@ -75,32 +75,19 @@ def _column_name(header: str) -> str:
 
 def read_table(text: str, where: str = "data") -> tuple[list[str], list[dict[str, str]]]:
     """A CSV as a person would export it: a UTF-8 BOM (Excel's "CSV UTF-8"), CRLF line ends,
-    commas, semicolons or tabs (sniffed from the header line), quoted cells with line breaks.
-    Returns the normalised header and one dict per non-blank row; a row with more or fewer cells
-    than the header is an InputError naming its line."""
-    text = text.removeprefix("\ufeff")
-    first = text.split("\n", 1)[0]
-    try:
-        delimiter = csv.Sniffer().sniff(first, delimiters=",;\t").delimiter
-    except csv.Error:
-        delimiter = ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    try:
-        header = [_column_name(h) for h in next(reader, [])]
-        rows = []
-        for cells in reader:
-            if not any(c.strip() for c in cells):
-                continue  # a blank line (or one of empty cells)
-            if len(cells) != len(header):
-                raise InputError(
-                    where,
-                    f"line {reader.line_num}: {len(cells)} fields where the header has "
-                    f"{len(header)} (a line cut short or a stray {delimiter!r}?)",
-                )
-            rows.append(dict(zip(header, cells, strict=True)))
-    except csv.Error as exc:
-        raise InputError(where, f"line {reader.line_num}: not valid CSV ({exc})") from None
-    return header, rows
+    commas, semicolons or tabs (sniffed from the header line), quoted cells with line breaks
+    (`scalelab.io.csv_records`, the project's one CSV reader), with headers normalised as a
+    person writes them ('Num GPUs ' -> 'num_gpus'). A row with more or fewer cells than the
+    header is an InputError naming its line."""
+    header, records = csv_records(text, where, delimiters=",;\t")
+    names = [_column_name(h) for h in header]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError(
+            where, f"two columns read as {repeated[0]!r} (names differ only in case or spacing)"
+        )
+    rows = [dict(zip(names, record.values(), strict=True)) for record in records]
+    return names, rows
 
 
 # Review sheet ----------------------------------------------------------------------------------
